@@ -1,0 +1,182 @@
+"""Honest statistics for evaluation results (in the spirit of rliable: Agarwal et al., "Deep
+Reinforcement Learning at the Edge of the Statistical Precipice", NeurIPS 2021,
+arXiv:2108.13264): report an interval, not just a point, and compare two models on the same
+prompts with a paired test.
+
+All intervals are percentile bootstrap intervals over items (prompts): resample the items with
+replacement ``n_resamples`` times, compute the statistic on each resample, and take the
+``(1-confidence)/2`` and ``(1+confidence)/2`` quantiles (numpy's default linear interpolation).
+
+Resampling is vectorised: an index matrix of shape (rows, n) is drawn from
+``numpy.random.default_rng(seed)`` in chunks of at most ``_CHUNK_ELEMENTS`` indices (row count
+depending only on n and n_resamples), so memory stays bounded and results are identical for the
+same inputs and seed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["bootstrap_ci", "paired_bootstrap_diff", "accuracy_summary"]
+
+_CHUNK_ELEMENTS = 1 << 21  # indices per chunk: 2M int64 = 16 MiB (plus the gathered values)
+
+
+def _as_1d(values: Any, name: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a sequence of numbers ({err})") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (one value per item), got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty: a confidence interval needs at least one item")
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.sum(~np.isfinite(arr)))
+        raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
+    return arr
+
+
+def _check_params(confidence: float, n_resamples: int) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if int(n_resamples) != n_resamples or n_resamples < 1:
+        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples}")
+
+
+def _chunk_rows(n: int, n_resamples: int) -> int:
+    return max(1, min(int(n_resamples), _CHUNK_ELEMENTS // max(1, n)))
+
+
+def _index_chunks(n: int, n_resamples: int, seed: int | None) -> Iterator[np.ndarray]:
+    """Bootstrap index matrices, (rows, n) each, n_resamples rows in all."""
+    rng = np.random.default_rng(seed)
+    rows = _chunk_rows(n, n_resamples)
+    done = 0
+    while done < n_resamples:
+        r = min(rows, n_resamples - done)
+        yield rng.integers(0, n, size=(r, n))
+        done += r
+
+
+def _apply_rows(statistic: Callable, samples: np.ndarray) -> np.ndarray:
+    """statistic over each row; uses ``axis=1`` when the statistic supports it."""
+    try:
+        out = np.asarray(statistic(samples, axis=1), dtype=np.float64)
+        if out.shape == (samples.shape[0],):
+            return out
+    except TypeError:
+        pass
+    return np.array([float(statistic(row)) for row in samples], dtype=np.float64)
+
+
+def _bootstrap_distribution(
+    arrays: Sequence[np.ndarray], fn: Callable[..., np.ndarray], n_resamples: int, seed: int | None
+) -> np.ndarray:
+    n = arrays[0].shape[0]
+    out = np.empty(int(n_resamples), dtype=np.float64)
+    pos = 0
+    for idx in _index_chunks(n, int(n_resamples), seed):
+        out[pos : pos + idx.shape[0]] = fn(*(a[idx] for a in arrays))
+        pos += idx.shape[0]
+    return out
+
+
+def _percentile_interval(dist: np.ndarray, confidence: float) -> tuple[float, float]:
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(dist, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return float(lo), float(hi)
+
+
+def bootstrap_ci(
+    values: Sequence[float],
+    *,
+    statistic: Callable = np.mean,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int | None = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of ``statistic(values)`` over items.
+
+    ``statistic`` is called as ``statistic(matrix, axis=1)`` on a (rows, n) matrix of resampled
+    values when it accepts ``axis`` (numpy reductions do), otherwise once per resample.
+    Raises ValueError for empty, multi-dimensional or non-finite input.
+    """
+    _check_params(confidence, n_resamples)
+    arr = _as_1d(values, "values")
+    dist = _bootstrap_distribution([arr], lambda s: _apply_rows(statistic, s), n_resamples, seed)
+    return _percentile_interval(dist, confidence)
+
+
+def paired_bootstrap_diff(
+    before: Sequence[float],
+    after: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int | None = 0,
+) -> dict[str, Any]:
+    """Paired comparison of two per-prompt score lists on the SAME prompts, in the same order.
+
+    Prompt indices are resampled jointly, so the interval reflects the per-prompt difference
+    ``after - before`` (prompt difficulty cancels), which is much tighter than comparing two
+    independent intervals. Returns ``{"before", "after", "diff", "ci_low", "ci_high", "n",
+    "excludes_zero"}`` where before/after are the means, diff = mean(after - before), and
+    excludes_zero says whether the interval lies strictly on one side of 0.
+    """
+    _check_params(confidence, n_resamples)
+    b = _as_1d(before, "before")
+    a = _as_1d(after, "after")
+    if a.shape != b.shape:
+        raise ValueError(
+            f"before and after must score the same prompts: got {b.size} and {a.size} values"
+        )
+    d = a - b
+    # Resampling indices jointly for (before, after) is resampling the paired differences.
+    dist = _bootstrap_distribution([d], lambda s: s.mean(axis=1), n_resamples, seed)
+    lo, hi = _percentile_interval(dist, confidence)
+    return {
+        "before": float(b.mean()),
+        "after": float(a.mean()),
+        "diff": float(d.mean()),
+        "ci_low": lo,
+        "ci_high": hi,
+        "n": int(d.size),
+        "excludes_zero": bool(lo > 0.0 or hi < 0.0),
+    }
+
+
+def accuracy_summary(
+    correct: Sequence[bool | float],
+    rewards: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int | None = 0,
+) -> dict[str, Any]:
+    """Accuracy and mean reward over items with percentile bootstrap intervals.
+
+    ``correct`` holds one 0/1 (or bool, or fraction such as a per-prompt mean over samples) value
+    per item; ``rewards`` one reward per item, same length. Returns ``{"accuracy",
+    "accuracy_ci_low", "accuracy_ci_high", "reward_mean", "reward_ci_low", "reward_ci_high",
+    "n"}``.
+    """
+    c = _as_1d(correct, "correct")
+    r = _as_1d(rewards, "rewards")
+    if c.shape != r.shape:
+        raise ValueError(
+            f"correct and rewards must have one value per item: got {c.size} and {r.size} values"
+        )
+    acc_lo, acc_hi = bootstrap_ci(c, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    rew_lo, rew_hi = bootstrap_ci(r, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    return {
+        "accuracy": float(c.mean()),
+        "accuracy_ci_low": acc_lo,
+        "accuracy_ci_high": acc_hi,
+        "reward_mean": float(r.mean()),
+        "reward_ci_low": rew_lo,
+        "reward_ci_high": rew_hi,
+        "n": int(c.size),
+    }

@@ -1,0 +1,224 @@
+"""Crash-safe file writes for the run directory.
+
+Whole files (config, status, summaries, plots, eval details) are written to a temporary file in
+the same directory, flushed and fsync'ed, then renamed over the target with ``os.replace``, which
+is atomic on POSIX and Windows: a reader sees the old content or the new, never half of either.
+
+Append-only logs (``*.jsonl``) get one JSON object per line, written in one ``write`` call and
+fsync'ed. A crash in the middle of an append can leave at most a torn final line without its
+newline; :func:`read_jsonl` ignores such a line, and the next :func:`append_jsonl` cuts it off
+before writing, so the log stays readable line by line.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = [
+    "atomic_write_text",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "append_jsonl",
+    "append_jsonl_many",
+    "read_jsonl",
+    "rewrite_jsonl",
+    "to_jsonable",
+]
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Read once at import: temporary files are created 0600, and renamed files should get the
+# permissions an ordinary ``open(path, "w")`` would have given them.
+_FILE_MODE = 0o666 & ~_current_umask()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, rename).
+
+    On any failure the temporary file is removed and ``path`` keeps its previous content.
+    """
+    path = Path(path)
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.chmod(tmp, _FILE_MODE)
+        except OSError:
+            pass
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically; see :func:`atomic_write_bytes`."""
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def to_jsonable(obj: Any) -> Any:
+    """``json.dumps`` fallback for the values a training loop logs: numpy/torch scalars and arrays,
+    paths, datetimes, sets. Anything else raises TypeError naming the type."""
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (_dt.datetime, _dt.date)):
+        return obj.isoformat()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=repr)
+    if hasattr(obj, "detach"):  # torch.Tensor: 0-d -> scalar, otherwise nested lists
+        return obj.detach().cpu().tolist()
+    if hasattr(obj, "tolist"):  # numpy scalar -> Python scalar, ndarray -> nested lists
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"object of type {type(obj).__name__} is not JSON serialisable")
+
+
+def _dumps(obj: Any, **kwargs: Any) -> str:
+    # NaN/inf are kept (Python's json reads them back); a NaN loss is information worth logging.
+    return json.dumps(obj, default=to_jsonable, ensure_ascii=False, **kwargs)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically."""
+    return atomic_write_text(path, _dumps(obj, indent=indent) + "\n")
+
+
+def _line(record: Any) -> str:
+    text = _dumps(record)
+    # json.dumps never emits a raw newline (they are escaped inside strings), so one record is
+    # exactly one line.
+    return text + "\n"
+
+
+def _drop_torn_tail(f) -> None:
+    """If the file (opened r+b) does not end with a newline, its last line is the remains of an
+    interrupted append: cut it off, unless it is a complete JSON value (a file written by hand
+    without the final newline), in which case terminate it."""
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+        return
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+        return
+    # Find the start of the unterminated last line.
+    block = 1 << 16
+    pos = end
+    start = 0
+    while pos > 0:
+        read_from = max(0, pos - block)
+        f.seek(read_from)
+        chunk = f.read(pos - read_from)
+        idx = chunk.rfind(b"\n")
+        if idx >= 0:
+            start = read_from + idx + 1
+            break
+        pos = read_from
+    f.seek(start)
+    tail = f.read(end - start)
+    try:
+        json.loads(tail.decode("utf-8"))
+        complete = True
+    except (UnicodeDecodeError, ValueError):
+        complete = False
+    if complete:
+        f.seek(end)
+        f.write(b"\n")
+    else:
+        f.truncate(start)
+        f.seek(start)
+
+
+def append_jsonl_many(path: str | os.PathLike, records: Iterable[Any]) -> None:
+    """Append several records, one line each, in a single write followed by one fsync."""
+    data = "".join(_line(r) for r in records).encode("utf-8")
+    if not data:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
+    with open(path, "a+b") as f:
+        # "a+b" always writes at the end; reading/truncating the torn tail first is still allowed.
+        _drop_torn_tail(f)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if not existed:
+        _fsync_dir(path.parent)
+
+
+def append_jsonl(path: str | os.PathLike, record: Any) -> None:
+    """Append ``record`` as one JSON line to ``path`` (created if missing), flushed and fsync'ed."""
+    append_jsonl_many(path, [record])
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Any]:
+    """Read a JSON-lines file written by :func:`append_jsonl`.
+
+    A missing file reads as ``[]``; blank lines are skipped. A final line without its newline
+    that does not parse is the remains of an interrupted append and is ignored. Any other line
+    that does not parse raises ValueError naming the file and line number: that is corruption,
+    not a crash mid-append, and should not be silently skipped.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    records = []
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            records.append(json.loads(raw.decode("utf-8")))
+        except (UnicodeDecodeError, ValueError) as err:
+            raise ValueError(f"{path}: line {lineno} is not valid JSON ({err})") from None
+    if torn.strip():
+        try:
+            records.append(json.loads(torn.decode("utf-8")))
+        except (UnicodeDecodeError, ValueError):
+            pass  # torn final line from an interrupted append
+    return records
+
+
+def rewrite_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> Path:
+    """Replace the content of ``path`` with ``records`` (one JSON line each), atomically."""
+    return atomic_write_text(path, "".join(_line(r) for r in records))
+

@@ -1,0 +1,272 @@
+"""Run directory and crash-safe writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from reinforge.config import RunConfig, build_config
+from reinforge.tracking import (
+    NotARunDirectoryError,
+    RunDir,
+    append_jsonl,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_jsonl,
+    rewrite_jsonl,
+)
+from reinforge.tracking import run_dir as run_dir_mod
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    # Run from a directory that is not a git repository: create() must not need one.
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return build_config({}, ["tracking.output_dir=" + str(tmp_path / "runs")])
+
+
+@pytest.fixture
+def fast_env(monkeypatch):
+    """Skip the package scan for tests that do not look at environment.json."""
+    monkeypatch.setattr(run_dir_mod, "collect_environment",
+                        lambda cwd=None: ({"git": {"commit": None}}, None))
+
+
+def _leftovers(directory):
+    return [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
+# ----------------------------------------------------------------------------- io
+
+
+def test_atomic_writes_roundtrip_and_leave_no_temp_files(tmp_path):
+    atomic_write_text(tmp_path / "a.txt", "héllo\n")
+    atomic_write_bytes(tmp_path / "b.bin", b"\x00\x01")
+    atomic_write_json(tmp_path / "sub" / "c.json", {"x": np.float32(1.5), "y": np.arange(3)})
+    assert (tmp_path / "a.txt").read_text(encoding="utf-8") == "héllo\n"
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
+    assert json.loads((tmp_path / "sub" / "c.json").read_text()) == {"x": 1.5, "y": [0, 1, 2]}
+    atomic_write_text(tmp_path / "a.txt", "new")
+    assert (tmp_path / "a.txt").read_text() == "new"
+    assert _leftovers(tmp_path) == [] and _leftovers(tmp_path / "sub") == []
+    # Permissions are those of an ordinary file, not mkstemp's 0600.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.parametrize("fail_at", ["replace", "fsync"])
+def test_atomic_write_failure_keeps_old_content(tmp_path, monkeypatch, fail_at):
+    target = tmp_path / "status.json"
+    atomic_write_json(target, {"state": "running"})
+    old = target.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError("simulated crash mid-write")
+
+    monkeypatch.setattr(os, fail_at, boom)
+    with pytest.raises(OSError, match="simulated crash"):
+        atomic_write_json(target, {"state": "finished", "pad": "x" * 10_000})
+    monkeypatch.undo()
+    assert target.read_bytes() == old
+    assert _leftovers(tmp_path) == []
+
+
+def test_read_jsonl_tolerates_torn_last_line_and_append_repairs_it(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    assert read_jsonl(p) == []  # missing file
+    append_jsonl(p, {"step": 1, "loss": 0.5})
+    append_jsonl(p, {"step": 2, "loss": float("nan")})
+    with open(p, "ab") as f:  # what a crash in the middle of an append leaves
+        f.write(b'{"step": 3, "lo')
+    recs = read_jsonl(p)
+    assert [r["step"] for r in recs] == [1, 2]
+    assert np.isnan(recs[1]["loss"])
+    # The next append cuts the torn line off instead of gluing onto it.
+    append_jsonl(p, {"step": 3, "loss": 0.25})
+    assert [r["step"] for r in read_jsonl(p)] == [1, 2, 3]
+    assert p.read_bytes().endswith(b"\n") and b"lo{" not in p.read_bytes()
+
+
+def test_read_jsonl_complete_last_line_without_newline_is_kept(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"a": 1}\n\n{"a": 2}')
+    assert read_jsonl(p) == [{"a": 1}, {"a": 2}]
+    append_jsonl(p, {"a": 3})
+    assert read_jsonl(p) == [{"a": 1}, {"a": 2}, {"a": 3}]
+
+
+def test_read_jsonl_corrupt_middle_line_is_an_error(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"a": 1}\n{"a": \n{"a": 2}\n')
+    with pytest.raises(ValueError, match=r"x\.jsonl: line 2"):
+        read_jsonl(p)
+
+
+def test_rewrite_jsonl(tmp_path):
+    p = tmp_path / "x.jsonl"
+    append_jsonl(p, {"a": 1})
+    rewrite_jsonl(p, [{"b": 1}, {"b": "two\nlines"}])
+    assert read_jsonl(p) == [{"b": 1}, {"b": "two\nlines"}]
+    rewrite_jsonl(p, [])
+    assert read_jsonl(p) == [] and p.read_bytes() == b""
+
+
+# ----------------------------------------------------------------------------- RunDir
+
+
+def test_create_writes_config_environment_status(cfg):
+    run = RunDir.create(cfg)
+    assert run.path.parent == Path(cfg.tracking.output_dir)
+    assert run.name.endswith("-grpo-leg_counting")
+    # config.yaml reloads to the same config, whole.
+    raw = yaml.safe_load((run.path / "config.yaml").read_text())
+    assert raw == cfg.to_dict() == run.load_config()
+    assert RunConfig.model_validate(raw) == cfg
+    assert run.load_run_config() == cfg
+
+    env = json.loads((run.path / "environment.json").read_text())
+    import torch
+
+    assert env["torch"]["version"] == torch.__version__
+    assert env["torch"]["num_threads"] >= 1
+    assert env["packages"]["torch"] == torch.__version__
+    assert "numpy" in env["packages"] and "pydantic" in env["packages"]
+    assert env["python"]["version"] and env["cpu_count"] >= 1
+    assert env["git"]["commit"] is None  # not a repository: recorded, not an error
+    assert env["seeds"] == {"trainer": cfg.trainer.seed, "task": cfg.task.seed}
+
+    status = json.loads((run.path / "status.json").read_text())
+    assert status["state"] == "running" and status["pid"] == os.getpid() and status["started"]
+    assert _leftovers(run.path) == []
+
+
+def test_create_default_names_are_unique_and_explicit_names_never_reuse(cfg, fast_env):
+    a, b = RunDir.create(cfg), RunDir.create(cfg)
+    assert a.path != b.path and a.path.is_dir() and b.path.is_dir()
+    named = RunDir.create(cfg, name="exp1")
+    assert named.name == "exp1"
+    with pytest.raises(FileExistsError, match="exp1"):
+        RunDir.create(cfg, name="exp1")
+    cfg2 = cfg.model_copy(deep=True)
+    cfg2.tracking.run_name = "from_config"
+    assert RunDir.create(cfg2).name == "from_config"
+
+
+def test_create_records_git_commit_when_in_a_repo(cfg, monkeypatch):
+    answers = {
+        ("rev-parse", "HEAD"): "abc123\n",
+        ("rev-parse", "--show-toplevel"): "/repo\n",
+        ("status", "--porcelain", "--untracked-files=no"): " M reinforge/x.py\n",
+        ("diff", "HEAD"): "diff --git a/x b/x\n",
+    }
+    monkeypatch.setattr(run_dir_mod, "_run_git", lambda args, cwd: answers[tuple(args)])
+    run = RunDir.create(cfg)
+    git = run.load_environment()["git"]
+    assert git["commit"] == "abc123" and git["dirty"] is True
+    assert (run.path / git["diff_file"]).read_text() == "diff --git a/x b/x\n"
+
+
+def test_open_errors_clearly_on_non_run_dir(tmp_path, cfg, fast_env):
+    with pytest.raises(NotARunDirectoryError, match="not a reinforge run directory") as e:
+        RunDir.open(tmp_path)
+    assert str(tmp_path) in str(e.value)
+    with pytest.raises(FileNotFoundError, match="not a reinforge run directory"):
+        RunDir.open(tmp_path / "missing")
+    run = RunDir.create(cfg)
+    assert RunDir.open(run.path).path == run.path
+
+
+def test_logging_reading_and_status(cfg, fast_env):
+    run = RunDir.create(cfg)
+    run.log_metrics(1, {"reward_mean": 0.25, "loss": np.float64(0.1)})
+    run.log_samples(1, [{"prompt": "p", "completion": "c", "reward": 1.0}, {"prompt": "q"}])
+    run.log_eval(1, {"accuracy": 0.5, "n": 2}, [{"prompt": "p", "correct": True}])
+    m = run.read_metrics()
+    assert m[0]["step"] == 1 and m[0]["reward_mean"] == 0.25 and "time" in m[0]
+    assert [s["step"] for s in run.read_samples()] == [1, 1]
+    assert run.read_evals()[0]["accuracy"] == 0.5
+    assert run.read_eval_details(1) == [{"prompt": "p", "correct": True}]
+    assert (run.path / "evals" / "step_000001.json").is_file()
+    with pytest.raises(FileNotFoundError, match="step 7"):
+        run.read_eval_details(7)
+    with pytest.raises(ValueError, match="reserved"):
+        run.log_metrics(2, {"step": 3})
+
+    run.set_status("finished", step=1)
+    st = run.status()
+    assert st["state"] == "finished" and st["step"] == 1 and "started" in st and "ended" in st
+    with pytest.raises(ValueError, match="unknown run state"):
+        run.set_status("done")
+
+    run.write_summary({"accuracy": 0.5}, "# Summary")
+    assert json.loads((run.path / "summary.json").read_text()) == {"accuracy": 0.5}
+    assert (run.path / "summary.md").read_text() == "# Summary\n"
+
+
+def test_truncate_after_drops_later_steps(cfg, fast_env):
+    run = RunDir.create(cfg)
+    for step in range(1, 6):
+        run.log_metrics(step, {"loss": float(step)})
+        run.log_samples(step, [{"completion": str(step)}])
+        if step % 2 == 0:
+            run.log_eval(step, {"accuracy": step / 10}, [{"step_of": step}])
+    with open(run.path / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 6, "lo')  # crash mid-append
+    run.truncate_after(3)
+    assert [r["step"] for r in run.read_metrics()] == [1, 2, 3]
+    assert [r["step"] for r in run.read_samples()] == [1, 2, 3]
+    assert [r["step"] for r in run.read_evals()] == [2]
+    assert run.eval_steps() == [2]
+    assert (run.path / "metrics.jsonl").read_bytes().endswith(b"}\n")
+    # Resuming from step 3 continues without duplicates.
+    run.log_metrics(4, {"loss": 4.0})
+    assert [r["step"] for r in run.read_metrics()] == [1, 2, 3, 4]
+    run.truncate_after(0)
+    assert run.read_metrics() == [] and run.read_evals() == [] and run.eval_steps() == []
+    assert _leftovers(run.path) == []
+
+
+def _metric_record(step):
+    return {
+        "reward_mean": 0.1 * step,
+        "accuracy": 0.05 * step,
+        "completion_length_mean": 30.0 + step,
+        "loss": 1.0 / step,
+        "kl": 0.01 * step,
+    }
+
+
+@pytest.mark.parametrize("n_records", [0, 1, 5])
+def test_plot_curves_png(cfg, fast_env, n_records):
+    run = RunDir.create(cfg)
+    for step in range(1, n_records + 1):
+        run.log_metrics(step, _metric_record(step))
+        acc = 0.1 * step
+        run.log_eval(
+            step,
+            {"accuracy": acc, "accuracy_ci_low": acc - 0.05, "accuracy_ci_high": acc + 0.05,
+             "reward_mean": acc},
+            [],
+        )
+    out = run.plot_curves()
+    assert out == run.path / "learning_curves.png"
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 1000
+    assert _leftovers(run.path) == []
+
+
+def test_plot_curves_metrics_only(cfg, fast_env):
+    run = RunDir.create(cfg)
+    run.log_metrics(1, {"reward_mean": 0.5, "loss": float("nan")})
+    assert run.plot_curves().read_bytes()[:8] == PNG_MAGIC
