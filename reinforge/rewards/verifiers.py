@@ -1,0 +1,215 @@
+"""Verifiers: one completion and its example in, a score out. They know nothing of how the score
+is used."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from reinforge.rewards._deadline import call_with_deadline
+from reinforge.rewards.extract import extract_answer, is_well_formed
+from reinforge.tasks.base import Example, Task, normalize_answer
+
+
+@dataclass
+class VerifierResult:
+    """score: the verifier's reward, usually in [0, 1]. correct: whether the answer is right
+    (None for verifiers that do not judge correctness, e.g. format)."""
+
+    score: float
+    correct: bool | None = None
+    details: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    name: str
+
+    def __call__(self, completion: str, example: Example) -> VerifierResult: ...
+
+
+class TaskVerifier:
+    """The task's own scorer on the extracted answer. reasoning-gym scorers give partial credit
+    (e.g. the right number inside extra words); only a score reaching `threshold` is correct."""
+
+    name = "task"
+
+    def __init__(self, task: Task, *, answer_format: str = "tags", threshold: float = 1.0) -> None:
+        self.task = task
+        self.answer_format = answer_format
+        self.threshold = threshold
+
+    def __call__(self, completion: str, example: Example) -> VerifierResult:
+        answer = extract_answer(completion, self.answer_format)
+        if answer is None:
+            return VerifierResult(0.0, False, {"extracted": None})
+        score = float(self.task.score(answer, example))
+        return VerifierResult(score, score >= self.threshold, {"extracted": answer})
+
+
+_LATEX_MARKERS = ("$", "\\(", "\\[", "\\boxed")
+_SCIENTIFIC = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))[eE]([+-]?\d+)")
+
+
+@functools.lru_cache(maxsize=1)
+def _math_verify():
+    import math_verify
+    import math_verify.grader
+    import math_verify.parser
+
+    # We pass timeout=None (their signal-based timeouts fail outside the main thread) and enforce
+    # our own deadline, so their "timeout is disabled" warning does not apply.
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify
+
+
+def _parse_math(text: str) -> list:
+    """math_verify.parse, with bare text put in $...$ so "1,2", "x+1" or "\\sqrt{2}" parse as
+    LaTeX (unwrapped, "1,2" would read as 1.2), and "2.5e-4" as 2.5 \\times 10^{-4}; falls back to
+    the bare text."""
+    mv = _math_verify()
+    text = text.strip()
+    if not text:
+        return []
+    if any(m in text for m in _LATEX_MARKERS):
+        return mv.parse(text, parsing_timeout=None)
+    sci = _SCIENTIFIC.fullmatch(text)
+    if sci:  # "1e5" would read as 1*e*5
+        text = f"{sci.group(1)}\\times 10^{{{sci.group(2)}}}"
+    parsed = mv.parse(f"${text}$", parsing_timeout=None)
+    return parsed or mv.parse(text, parsing_timeout=None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_reference(text: str) -> tuple:
+    # The same reference is checked against every sample of its group; sympy objects are
+    # immutable, so sharing them is safe.
+    return tuple(_parse_math(text))
+
+
+class MathVerifyVerifier:
+    """Symbolic equivalence with math-verify ("1/2" == "0.5" == "\\frac{1}{2}"). Safe in any
+    thread: math-verify's signal timeouts are off and a thread-safe deadline bounds each call."""
+
+    name = "math_verify"
+
+    def __init__(
+        self,
+        *,
+        answer_format: str = "tags",
+        timeout_s: float | None = 5.0,
+        float_rounding: int = 6,
+        strict: bool = True,
+    ) -> None:
+        self.answer_format = answer_format
+        self.timeout_s = timeout_s
+        self.float_rounding = float_rounding
+        self.strict = strict
+
+    def __call__(self, completion: str, example: Example) -> VerifierResult:
+        if example.answer is None:
+            raise ValueError(f"example {example.id} has no reference answer for math_verify")
+        answer = extract_answer(completion, self.answer_format)
+        if answer is None:
+            return VerifierResult(0.0, False, {"extracted": None})
+        return call_with_deadline(lambda: self._verify(answer, example.answer), self.timeout_s)
+
+    def _verify(self, answer: str, reference: str) -> VerifierResult:
+        gold = list(_parse_reference(reference))
+        if not gold:
+            raise ValueError(f"math-verify cannot parse the reference answer {reference[:80]!r}")
+        pred = _parse_math(answer)
+        details: dict[str, Any] = {"extracted": answer}
+        if not pred:
+            details["unparsed"] = True
+            return VerifierResult(0.0, False, details)
+        ok = bool(
+            _math_verify().verify(
+                gold, pred, float_rounding=self.float_rounding, strict=self.strict, timeout_seconds=None
+            )
+        )
+        return VerifierResult(float(ok), ok, details)
+
+
+class ExactMatchVerifier:
+    """Equality after normalising whitespace, a final period and (unless case_sensitive) case."""
+
+    name = "exact_match"
+
+    def __init__(self, *, answer_format: str = "tags", case_sensitive: bool = False) -> None:
+        self.answer_format = answer_format
+        self.case_sensitive = case_sensitive
+
+    def __call__(self, completion: str, example: Example) -> VerifierResult:
+        if example.answer is None:
+            raise ValueError(f"example {example.id} has no reference answer for exact_match")
+        answer = extract_answer(completion, self.answer_format)
+        if answer is None:
+            return VerifierResult(0.0, False, {"extracted": None})
+        cs = self.case_sensitive
+        ok = normalize_answer(answer, case_sensitive=cs) == normalize_answer(
+            example.answer, case_sensitive=cs
+        )
+        return VerifierResult(float(ok), ok, {"extracted": answer})
+
+
+class FormatVerifier:
+    """1 when the completion holds exactly one non-empty answer in the format. Shaping only: it
+    never makes a sample correct."""
+
+    name = "format"
+
+    def __init__(self, *, answer_format: str = "tags") -> None:
+        self.answer_format = answer_format
+
+    def __call__(self, completion: str, example: Example) -> VerifierResult:
+        return VerifierResult(float(is_well_formed(completion, self.answer_format)), None)
+
+
+def load_callable(target: str):
+    """``package.module:function`` or ``path/to/file.py:function``."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    if ":" not in target:
+        raise ValueError(f"function {target!r} must look like 'module:function' or 'file.py:function'")
+    module_name, attr = target.rsplit(":", 1)
+    if module_name.endswith(".py"):
+        path = Path(module_name).expanduser()
+        if not path.is_file():
+            raise ValueError(f"reward function file {str(path)!r} does not exist")
+        spec = importlib.util.spec_from_file_location(f"reinforge_user_reward_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise ValueError(f"cannot import module {module_name!r} for reward function {target!r}: {err}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{target!r}: module {module_name!r} has no callable {attr!r}")
+    return fn
+
+
+class PythonVerifier:
+    """A user's own reward function, ``fn(completion, example) -> float | VerifierResult``, loaded
+    from a module or file the user trusts (it runs in the trainer's process; model-written code
+    never does). A float counts as correct when it reaches reward.correct_threshold; return a
+    VerifierResult to give the verdict explicitly."""
+
+    name = "python"
+
+    def __init__(self, function: str) -> None:
+        self.target = function
+        self.fn = load_callable(function)
+
+    def __call__(self, completion: str, example: Example) -> VerifierResult:
+        out = self.fn(completion, example)
+        if isinstance(out, VerifierResult):
+            return out
+        return VerifierResult(float(out))

@@ -1,0 +1,83 @@
+"""What a task is: prompts with reference answers, split into train and held-out, and the task's
+own notion of a correct answer. Tasks know nothing of models or training."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TaskError(ValueError):
+    """A task that cannot be built from its config or data; the message names the key to fix."""
+
+
+@dataclass
+class Example:
+    """One prompt.
+
+    id:       stable across runs with the same config, e.g. "leg_counting/train/17" or
+              "file:data.jsonl/train/3", so samples and evaluations can be joined later.
+    messages: chat messages, an optional system message then the user turn.
+    answer:   reference answer as a string (None when the data has none).
+    metadata: reasoning-gym: the full dataset entry (its scorer needs it); files: the raw row.
+    """
+
+    id: str
+    messages: list[dict]
+    answer: str | None
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def prompt_text(self) -> str:
+        """The user-visible text of the prompt (all message contents), for logs and dedup."""
+        return "\n".join(str(m.get("content", "")) for m in self.messages)
+
+
+class Task:
+    """Base class of tasks. Held-out examples never share a question with training examples."""
+
+    name: str = "task"
+
+    def train_examples(self) -> Sequence[Example]:
+        raise NotImplementedError
+
+    def eval_examples(self) -> Sequence[Example]:
+        raise NotImplementedError
+
+    def score(self, answer: str, example: Example) -> float:
+        """The task's own correctness score of an extracted answer, in [0, 1]."""
+        raise NotImplementedError
+
+
+_WS = re.compile(r"\s+")
+
+
+def normalize_answer(text: str, *, case_sensitive: bool = False) -> str:
+    """Forgive what a human grader would: surrounding/duplicated whitespace, case, a final period."""
+    out = _WS.sub(" ", str(text)).strip()
+    while out.endswith("."):
+        out = out[:-1].rstrip()
+    return out if case_sensitive else out.lower()
+
+
+def build_messages(
+    question: str | list[dict[str, Any]], *, system_prompt: str | None, prompt_suffix: str
+) -> list[dict]:
+    """Chat messages from a question (plain text or existing messages) plus the config's system
+    prompt and suffix. The configured system prompt replaces one already present, so the config
+    alone decides it; the suffix goes on the last user turn."""
+    if isinstance(question, str):
+        messages = [{"role": "user", "content": question + prompt_suffix}]
+    else:
+        messages = [dict(m) for m in question]
+        if prompt_suffix:
+            for m in reversed(messages):
+                if m.get("role") == "user":
+                    m["content"] = str(m.get("content", "")) + prompt_suffix
+                    break
+    if system_prompt is not None:
+        messages = [m for m in messages if m.get("role") != "system"]
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
