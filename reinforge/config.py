@@ -95,11 +95,12 @@ class TaskConfig(_Section):
 
 
 class VerifierSpec(_Section):
-    name: Literal["task", "math_verify", "exact_match", "format"] = Field(
+    name: Literal["task", "math_verify", "exact_match", "format", "python"] = Field(
         ...,
         description="'task': the task's own scorer (reasoning-gym's score_answer); 'math_verify': "
         "symbolic equivalence with math-verify; 'exact_match': normalised string equality; "
-        "'format': 1 when the completion follows the answer format.",
+        "'format': 1 when the completion follows the answer format; 'python': your own function "
+        "given as options.function='module:function' or 'file.py:function'.",
     )
     weight: float = Field(1.0, description="Weight of this verifier in the summed reward.")
     options: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,5 @@
+"""The controller loop, checkpoints and resume."""
+
+from .trainer import PromptSampler, RunResult, Trainer
+
+__all__ = ["PromptSampler", "RunResult", "Trainer"]

@@ -1,0 +1,355 @@
+"""The controller loop. It reads as the algorithm: sample prompts, generate, score, compute
+advantages, update, evaluate, checkpoint, log. It is the one place that knows every part."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..algorithms import group_normalized_advantages
+from ..batch import TrainBatch
+from ..config import RunConfig
+from ..evaluation import accuracy_summary, paired_bootstrap_diff
+from ..learner import Learner
+from ..models import load_model, load_tokenizer, resolve_model_path
+from ..rewards import build_reward
+from ..rollout import HFGenerator, SamplingParams
+from ..tasks import build_task, encode_prompt
+from ..tracking import RunDir
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from .progress import Progress
+
+log = logging.getLogger("reinforge")
+
+
+class PromptSampler:
+    """Seeded epochs over the training prompts; its position is part of every checkpoint."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+        self.epoch, self.pos = 0, 0
+        self._perm = self._permutation()
+
+    def _permutation(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+
+    def next(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.pos >= self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._perm = self._permutation()
+            take = min(k - len(out), self.n - self.pos)
+            out.extend(int(i) for i in self._perm[self.pos : self.pos + take])
+            self.pos += take
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._perm = self._permutation()
+
+
+class StopRequested(Exception):
+    pass
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps_done: int
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, config: RunConfig, *, run_dir: RunDir | None = None, resume: bool = False):
+        self.cfg = config
+        self._resume = resume
+        self.run_dir = run_dir
+        self._stop_requested = False
+
+    # -- setup -------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        cfg = self.cfg
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        torch.manual_seed(cfg.trainer.seed)
+        np.random.seed(cfg.trainer.seed % 2**32)
+        import random
+
+        random.seed(cfg.trainer.seed)
+        # Cheap failures first: the task and the model path are checked before any weights load.
+        self.task = build_task(cfg.task)
+        self.train_examples = self.task.train_examples()
+        eval_examples = self.task.eval_examples()
+        if cfg.trainer.eval_max_prompts is not None:
+            eval_examples = eval_examples[: cfg.trainer.eval_max_prompts]
+        self.eval_examples = list(eval_examples)
+        self.reward_fn = build_reward(cfg.reward, self.task)
+        model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = load_tokenizer(model_path)
+        self.model = load_model(cfg.model, path=model_path)
+        self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+        reference = None
+        if cfg.algorithm.kl_coef > 0 and cfg.model.lora is None:
+            reference = load_model(cfg.model.model_copy(update={"lora": None}), path=model_path).eval()
+            for p in reference.parameters():
+                p.requires_grad_(False)
+        self.generator = HFGenerator(
+            self.model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, autocast_dtype=self.autocast_dtype
+        )
+        self.learner = Learner(
+            self.model, cfg.learner, cfg.algorithm,
+            temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+            autocast_dtype=self.autocast_dtype, reference_model=reference,
+        )
+        self.sampler = PromptSampler(len(self.train_examples), cfg.trainer.seed)
+        self._prompt_cache: dict[str, list[int]] = {}
+        self.start_step = 0
+        self.nan_streak = 0
+        if self.run_dir is None:
+            self.run_dir = RunDir.create(cfg, name=cfg.tracking.run_name)
+        if self._resume:
+            self._restore()
+
+    def _restore(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir.path)
+        if ckpt is None:
+            log.warning("no checkpoint in %s: starting from step 0", self.run_dir.path)
+            self.run_dir.truncate_after(0)
+            return
+        data = load_checkpoint(ckpt)
+        self.learner.load_trainable_state_dict(data["weights"])
+        self.learner.optimizer.load_state_dict(data["optimizer"]["optimizer"])
+        self.learner.scheduler.load_state_dict(data["optimizer"]["scheduler"])
+        set_rng_state(data["rng"])
+        st = data["state"]
+        self.sampler.load(st["sampler"])
+        self.nan_streak = st.get("nan_streak", 0)
+        self.start_step = st["step"]
+        self.run_dir.truncate_after(self.start_step)
+        log.info("resumed %s from step %d", self.run_dir.path, self.start_step)
+
+    def _checkpoint(self, step: int) -> None:
+        save_checkpoint(
+            self.run_dir.path, step,
+            weights=self.learner.trainable_state_dict(),
+            optimizer_state={
+                "optimizer": self.learner.optimizer.state_dict(),
+                "scheduler": self.learner.scheduler.state_dict(),
+            },
+            trainer_state={"sampler": self.sampler.state(), "nan_streak": self.nan_streak},
+            keep=self.cfg.trainer.keep_checkpoints,
+        )
+
+    def _encode(self, example) -> list[int]:
+        ids = self._prompt_cache.get(example.id)
+        if ids is None:
+            ids = self._prompt_cache[example.id] = encode_prompt(self.tokenizer, example)
+        return ids
+
+    # -- evaluation --------------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy answers on the held-out prompts; accuracy counts fully correct answers only."""
+        examples = self.eval_examples
+        rollout = self.generator.generate(
+            [self._encode(e) for e in examples],
+            SamplingParams(num_samples=1, max_new_tokens=self.cfg.rollout.max_new_tokens, greedy=True),
+        )
+        outcomes = self.reward_fn(rollout.texts, examples)
+        correct = [float(o.correct) for o in outcomes]
+        rewards = [o.reward for o in outcomes]
+        summary = accuracy_summary(correct, rewards, seed=self.cfg.trainer.seed)
+        summary["completion_length"] = float(rollout.completion_lengths.float().mean())
+        per_prompt = [
+            {"id": e.id, "answer": e.answer, "completion": t, "correct": c, "reward": r}
+            for e, t, c, r in zip(examples, rollout.texts, correct, rewards)
+        ]
+        self.run_dir.log_eval(step, summary, per_prompt)
+        return summary
+
+    # -- one step ----------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        idx = self.sampler.next(cfg.trainer.prompts_per_step)
+        examples = [self.train_examples[i] for i in idx]
+        rollout = self.generator.generate(
+            [self._encode(e) for e in examples],
+            SamplingParams(
+                num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
+            ),
+        )
+        t_gen = time.perf_counter()
+        per_row_examples = [examples[int(g)] for g in rollout.group_index]
+        outcomes = self.reward_fn(rollout.texts, per_row_examples)
+        rewards = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
+        advantages = group_normalized_advantages(
+            rewards, rollout.group_index, scale=cfg.algorithm.scale_rewards
+        )
+        old = self.learner.compute_logprobs(rollout) if cfg.algorithm.epochs > 1 else None
+        ref = self.learner.compute_logprobs(rollout, reference=True) if cfg.algorithm.kl_coef > 0 else None
+        batch = TrainBatch(rollout=rollout, advantages=advantages, old_logprobs=old, ref_logprobs=ref)
+        stats: dict[str, float] = {}
+        for _ in range(cfg.algorithm.epochs):
+            stats = self.learner.step(batch)
+        t_end = time.perf_counter()
+
+        lengths = rollout.completion_lengths.float()
+        n_tokens = float(lengths.sum())
+        grouped = rewards.view(-1, cfg.rollout.num_samples)
+        metrics = {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "accuracy": float(np.mean([o.correct for o in outcomes])),
+            "solve_none_frac": float((grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()),
+            "completion_length": float(lengths.mean()),
+            "truncated_frac": float(rollout.truncated.float().mean()),
+            "reward_errors": float(sum(len(o.errors) for o in outcomes)),
+            "generated_tokens": n_tokens,
+            "tokens_per_s": n_tokens / max(t_end - t0, 1e-9),
+            "time_generate": t_gen - t0,
+            "time_step": t_end - t0,
+            **{f"reward/{k}": float(np.mean([o.components.get(k, 0.0) for o in outcomes]))
+               for k in (outcomes[0].components if outcomes else {})},
+            **stats,
+        }
+        k = min(cfg.trainer.samples_to_log, len(rollout))
+        if k:
+            rows = []
+            for i in range(k):
+                o = outcomes[i]
+                e = per_row_examples[i]
+                rows.append({"prompt_id": e.id, "answer": e.answer, "completion": rollout.texts[i],
+                             "reward": o.reward, "correct": o.correct, "advantage": float(advantages[i]),
+                             "errors": o.errors})
+            self.run_dir.log_samples(step, rows)
+        return metrics
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _on_sigint(self, signum, frame):  # pragma: no cover - exercised by the CLI test in a subprocess
+        if self._stop_requested:
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        print("\nreinforge: stopping after this step and writing a checkpoint (Ctrl-C again to abort now)",
+              file=sys.stderr)
+
+    def run(self) -> RunResult:
+        self._setup()
+        cfg = self.cfg
+        rd = self.run_dir
+        rd.set_status("running")
+        old_handler = None
+        try:
+            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not in the main thread
+            pass
+        started = time.perf_counter()
+        step = self.start_step
+        last_eval: dict[str, float] = {}
+        try:
+            with Progress(total=cfg.trainer.steps, start=self.start_step, enabled=cfg.tracking.progress) as bar:
+                if cfg.trainer.eval_at_start and 0 not in rd.eval_steps():
+                    last_eval = self.evaluate(0)
+                    bar.update(self.start_step, eval=last_eval)
+                for step in range(self.start_step + 1, cfg.trainer.steps + 1):
+                    metrics = self.train_step(step)
+                    if metrics["skipped"]:
+                        self.nan_streak += 1
+                        log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)",
+                                    step, self.nan_streak)
+                    else:
+                        self.nan_streak = 0
+                    rd.log_metrics(step, metrics)
+                    if self.nan_streak >= cfg.trainer.max_consecutive_nan:
+                        rd.set_status("failed", reason=f"{self.nan_streak} non-finite losses in a row at step {step}")
+                        raise FloatingPointError(
+                            f"{self.nan_streak} consecutive non-finite losses (step {step}); the last "
+                            f"checkpoint in {rd.path / 'checkpoints'} is intact. Lower learner.lr or "
+                            "raise learner.grad_clip's strictness, then resume."
+                        )
+                    is_last = step == cfg.trainer.steps
+                    if is_last or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0):
+                        last_eval = self.evaluate(step)
+                    if is_last or self._stop_requested or (
+                        cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0
+                    ):
+                        self._checkpoint(step)
+                    bar.update(step, metrics=metrics, eval=last_eval)
+                    if self._stop_requested and not is_last:
+                        raise StopRequested
+        except (KeyboardInterrupt, StopRequested):
+            rd.set_status("interrupted", step=step,
+                          resume=f"reinforge train --resume {rd.path}")
+            print(f"reinforge: interrupted. Resume with: reinforge train --resume {rd.path}", file=sys.stderr)
+            return RunResult(rd.path, step)
+        except Exception as err:
+            if rd.status().get("state") != "failed":
+                rd.set_status("failed", reason=f"{type(err).__name__}: {err}", step=step)
+            raise
+        finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+        self._save_final_model()
+        summary = self._summarise(time.perf_counter() - started)
+        rd.plot_curves()
+        rd.set_status("finished", step=step)
+        return RunResult(rd.path, step, summary)
+
+    def _save_final_model(self) -> None:
+        import os
+        import shutil
+
+        target = self.run_dir.path / "final_model"
+        tmp = self.run_dir.path / ".tmp-final_model"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+
+    def _summarise(self, wall_time: float) -> dict[str, Any]:
+        rd = self.run_dir
+        steps = rd.eval_steps()
+        metrics = rd.read_metrics()
+        summary: dict[str, Any] = {
+            "run_dir": str(rd.path),
+            "steps": len(metrics),
+            "wall_time_s_this_session": wall_time,
+            "train_time_s": float(sum(m.get("time_step", 0.0) for m in metrics)),
+            "tokens_per_s": float(np.mean([m["tokens_per_s"] for m in metrics])) if metrics else math.nan,
+        }
+        lines = [f"# Run {rd.name}", "", f"recipe `{self.cfg.recipe}`, task `{self.task.name}`, "
+                 f"model `{self.cfg.model.path}`, {len(metrics)} steps", ""]
+        if len(steps) >= 2:
+            first, last = rd.read_eval_details(steps[0]), rd.read_eval_details(steps[-1])
+            by_id = {r["id"]: r for r in first}
+            pairs = [(by_id[r["id"]], r) for r in last if r["id"] in by_id]
+            diff = paired_bootstrap_diff([float(a["correct"]) for a, _ in pairs],
+                                         [float(b["correct"]) for _, b in pairs], seed=self.cfg.trainer.seed)
+            summary["heldout_accuracy"] = diff
+            lines += [
+                f"Held-out accuracy (greedy, fully correct answers, {diff['n']} prompts): "
+                f"{diff['before']:.3f} at step {steps[0]} -> {diff['after']:.3f} at step {steps[-1]}",
+                f"Difference {diff['diff']:+.3f}, 95% paired bootstrap interval "
+                f"[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]"
+                + (" (excludes zero)" if diff["excludes_zero"] else " (includes zero)"),
+            ]
+            fixed = [b for a, b in pairs if b["correct"] and not a["correct"]][:3]
+            if fixed:
+                lines += ["", "Answers that became correct:"]
+                lines += [f"- `{b['id']}` expected `{b['answer']}`, got: {b['completion'][:200]!r}" for b in fixed]
+        rd.write_summary(summary, "\n".join(lines) + "\n")
+        return summary

@@ -1,0 +1,206 @@
+"""The controller loop end to end on a tiny real model: learning, exact resume, Ctrl-C and kill,
+bad input, failing rewards and NaN losses."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from reinforge.config import build_config
+from reinforge.trainer import Trainer
+from reinforge.tracking import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# Rewards loaded through the `python` verifier (`module:function`); this file is on sys.path.
+def sevens_reward(completion: str, example) -> float:
+    """Share of the completion's characters that are '7': dense, so a tiny model can climb it."""
+    return completion.count("7") / max(len(completion), 1)
+
+
+def raising_reward(completion: str, example) -> float:
+    if "a" in completion:
+        raise RuntimeError("boom")
+    return 0.5
+
+
+def _write_task(tmp_path: Path, n: int = 40) -> Path:
+    path = tmp_path / "task.jsonl"
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n")
+    return path
+
+
+def _config(tmp_path, model_dir, *extra, reward="test_trainer:sevens_reward"):
+    task = _write_task(tmp_path)
+    return build_config({}, [
+        f"model.path={model_dir}",
+        "task.source=file", f"task.path={task}", "task.eval_size=8",
+        f"reward.verifiers=[{{name: python, options: {{function: '{reward}'}}}}]",
+        "reward.answer_format=raw",
+        "rollout.num_samples=4", "rollout.max_new_tokens=8",
+        "trainer.prompts_per_step=4", "trainer.steps=4", "trainer.eval_every=2",
+        "trainer.checkpoint_every=2", "trainer.seed=3",
+        "learner.lr=3e-3",
+        f"tracking.output_dir={tmp_path / 'runs'}", "tracking.progress=false",
+        *extra,
+    ])
+
+
+@pytest.mark.slow
+def test_reward_rises_on_tiny_model(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=12", "trainer.eval_every=0",
+                  "trainer.checkpoint_every=0", "learner.lr=1e-2")
+    result = Trainer(cfg).run()
+    rewards = [m["reward_mean"] for m in RunDir.open(result.run_dir).read_metrics()]
+    assert len(rewards) == 12
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.2, rewards
+    rd = RunDir.open(result.run_dir)
+    assert rd.status()["state"] == "finished"
+    for name in ("config.yaml", "environment.json", "metrics.jsonl", "samples.jsonl", "evals.jsonl",
+                 "learning_curves.png", "summary.md", "summary.json", "final_model/config.json"):
+        assert (rd.path / name).exists(), name
+    assert not list(rd.path.rglob(".tmp*"))
+
+
+def test_resume_continues_exactly(tmp_path, tiny_model_dir):
+    straight = Trainer(_config(tmp_path, tiny_model_dir, "tracking.run_name=straight")).run()
+    half = Trainer(_config(tmp_path, tiny_model_dir, "tracking.run_name=resumed", "trainer.steps=2")).run()
+    rd = RunDir.open(half.run_dir)
+    # Extend the finished 2-step run to 4 steps from its checkpoint.
+    cfg = build_config(rd.load_config(), ["trainer.steps=4"])
+    Trainer(cfg, run_dir=rd, resume=True).run()
+    a = RunDir.open(straight.run_dir).read_metrics()
+    b = rd.read_metrics()
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b):
+        for key in ("reward_mean", "loss", "grad_norm", "completion_length"):
+            assert x[key] == y[key], (key, x["step"], x[key], y[key])
+    assert [e["step"] for e in rd.read_evals()] == [0, 2, 4]
+
+
+def _run_cli(args, **kw):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen([sys.executable, "-m", "reinforge.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _overrides(cfg) -> list[str]:
+    out = []
+    for section, values in cfg.to_dict().items():
+        if isinstance(values, dict):
+            out += [f"{section}.{k}={json.dumps(v)}" for k, v in values.items()]
+    return out
+
+
+def _wait_for_metrics(run_path: Path, n: int, proc, timeout=240.0):
+    deadline = time.time() + timeout
+    metrics = run_path / "metrics.jsonl"
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting for metrics")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+def test_interrupted_run_resumes(tmp_path, tiny_model_dir, how):
+    cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=6", "trainer.checkpoint_every=1",
+                  "trainer.eval_every=0", "tracking.run_name=victim")
+    run_path = tmp_path / "runs" / "victim"
+    proc = _run_cli(["train", *_overrides(cfg)])
+    _wait_for_metrics(run_path, 2, proc)
+    proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    rd = RunDir.open(run_path)
+    if how == "sigint":
+        assert proc.returncode == 0, out
+        assert rd.status()["state"] == "interrupted"
+        assert "--resume" in out
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    proc = _run_cli(["train", "--resume", str(run_path)])
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    assert [m["step"] for m in rd.read_metrics()] == [1, 2, 3, 4, 5, 6]
+    assert rd.status()["state"] == "finished"
+
+
+def test_failing_reward_scores_zero_and_run_goes_on(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=2", "trainer.eval_every=0",
+                  reward="test_trainer:raising_reward")
+    result = Trainer(cfg).run()
+    metrics = RunDir.open(result.run_dir).read_metrics()
+    assert len(metrics) == 2
+    samples = RunDir.open(result.run_dir).read_samples()
+    for s in samples:
+        assert s["reward"] == (0.0 if "a" in s["completion"] else 0.5)
+        assert bool(s["errors"]) == ("a" in s["completion"])
+    # samples.jsonl holds only the first few completions of a step; the metric counts them all
+    assert sum(m["reward_errors"] for m in metrics) >= sum(1 for s in samples if s["errors"])
+
+
+def test_repeated_nan_stops_with_checkpoint_intact(tmp_path, tiny_model_dir, monkeypatch):
+    import reinforge.trainer.trainer as trainer_module
+    from reinforge.trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+    cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=10", "trainer.eval_every=0",
+                  "trainer.checkpoint_every=2", "trainer.max_consecutive_nan=2")
+    trainer = Trainer(cfg)
+    real = trainer_module.group_normalized_advantages
+    calls = {"n": 0}
+
+    def blows_up_after_two_steps(*args, **kwargs):  # a numerical blow-up from step 3 on
+        calls["n"] += 1
+        adv = real(*args, **kwargs)
+        return adv if calls["n"] <= 2 else adv * float("nan")
+
+    monkeypatch.setattr(trainer_module, "group_normalized_advantages", blows_up_after_two_steps)
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        trainer.run()
+    rd = trainer.run_dir
+    assert rd.status()["state"] == "failed"
+    assert [m["skipped"] for m in rd.read_metrics()] == [0.0, 0.0, 1.0, 1.0]
+    ckpt = latest_checkpoint(rd.path)
+    assert ckpt.name == "step_000002"
+    # skipped updates left the weights as they were at the checkpoint
+    saved = load_checkpoint(ckpt)["weights"]
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(saved[name], p.detach()), name
+
+
+def test_bad_model_path_fails_before_loading(tmp_path):
+    proc = _run_cli(["train", "model.path=/nonexistent/model", f"tracking.output_dir={tmp_path}"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "model.path='/nonexistent/model' does not exist" in out
+    assert "Traceback" not in out
+
+
+def test_bad_config_key_names_accepted_keys(tmp_path):
+    proc = _run_cli(["train", "trainer.stepz=3"])
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "trainer.stepz" in out and "accepted keys here: steps" in out
+
+
+def test_unknown_task_is_named(tmp_path):
+    proc = _run_cli(["train", "task.name=leg_countin", f"tracking.output_dir={tmp_path}"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "leg_countin" in out and "leg_counting" in out and "Traceback" not in out
