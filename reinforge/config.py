@@ -56,6 +56,11 @@ class ModelConfig(_Section):
     )
 
 
+class FewShotExample(_Section):
+    user: str = Field(..., description="A solved question (task.prompt_suffix is appended to it).")
+    assistant: str = Field(..., description="Its answer, written in the answer format.")
+
+
 class TaskConfig(_Section):
     source: Literal["reasoning_gym", "file"] = Field(
         "reasoning_gym",
@@ -82,6 +87,12 @@ class TaskConfig(_Section):
     )
     prompt_suffix: str = Field(
         "", description="Text appended to every question, e.g. an instruction about answer format."
+    )
+    few_shot: list[FewShotExample] = Field(
+        default_factory=list,
+        description="Solved examples shown as earlier chat turns before every question "
+        "(in-context demonstrations, as in 'Language Models are Few-Shot Learners', Brown et al., "
+        "2020, arXiv:2005.14165); they show the answer format without training on it.",
     )
     train_size: int = Field(5000, gt=0, description="Number of training prompts.")
     eval_size: int = Field(200, gt=0, description="Number of held-out prompts, never trained on.")

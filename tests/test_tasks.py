@@ -299,3 +299,29 @@ def test_encode_prompt_without_chat_template_joins_contents(tiny_tokenizer):
     ex = Example("x", [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}], "2", {})
     ids = encode_prompt(tiny_tokenizer, ex)
     assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == "S\nhi"
+
+
+def test_few_shot_turns_come_before_the_question_with_the_suffix():
+    from reinforge.tasks.base import build_messages
+
+    msgs = build_messages(
+        "What is 2+2?", system_prompt="Be brief.", prompt_suffix=" Use <answer> tags.",
+        few_shot=[{"user": "What is 1+1?", "assistant": "<answer>2</answer>"}],
+    )
+    assert msgs == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 1+1? Use <answer> tags."},
+        {"role": "assistant", "content": "<answer>2</answer>"},
+        {"role": "user", "content": "What is 2+2? Use <answer> tags."},
+    ]
+
+
+def test_few_shot_from_config_reaches_reasoning_gym_prompts():
+    from reinforge.config import build_config
+    from reinforge.tasks import build_task
+
+    cfg = build_config({"task": {"name": "chain_sum", "train_size": 5, "eval_size": 5,
+                                 "few_shot": [{"user": "1+1?", "assistant": "2"}]}})
+    ex = build_task(cfg.task).train_examples()[0]
+    assert [m["role"] for m in ex.messages] == ["user", "assistant", "user"]
+    assert ex.messages[1]["content"] == "2"

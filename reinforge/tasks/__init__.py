@@ -33,6 +33,7 @@ def build_task(cfg: "TaskConfig") -> Task:
         seed=cfg.seed,
         system_prompt=cfg.system_prompt,
         prompt_suffix=cfg.prompt_suffix,
+        few_shot=[shot.model_dump() for shot in cfg.few_shot],
     )
     if cfg.source == "reasoning_gym":
         return ReasoningGymTask(cfg.name, options=cfg.options, **common)

@@ -63,11 +63,17 @@ def normalize_answer(text: str, *, case_sensitive: bool = False) -> str:
 
 
 def build_messages(
-    question: str | list[dict[str, Any]], *, system_prompt: str | None, prompt_suffix: str
+    question: str | list[dict[str, Any]],
+    *,
+    system_prompt: str | None,
+    prompt_suffix: str,
+    few_shot: Sequence[dict[str, str]] = (),
 ) -> list[dict]:
     """Chat messages from a question (plain text or existing messages) plus the config's system
     prompt and suffix. The configured system prompt replaces one already present, so the config
-    alone decides it; the suffix goes on the last user turn."""
+    alone decides it; the suffix goes on the last user turn. ``few_shot`` pairs
+    ({"user": ..., "assistant": ...}) become solved turns placed before the question; their user
+    text gets the suffix too, so the demonstration matches the instruction."""
     if isinstance(question, str):
         messages = [{"role": "user", "content": question + prompt_suffix}]
     else:
@@ -77,6 +83,13 @@ def build_messages(
                 if m.get("role") == "user":
                     m["content"] = str(m.get("content", "")) + prompt_suffix
                     break
+    if few_shot:
+        shots = []
+        for shot in few_shot:
+            shots += [{"role": "user", "content": shot["user"] + prompt_suffix},
+                      {"role": "assistant", "content": shot["assistant"]}]
+        first_user = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+        messages[first_user:first_user] = shots
     if system_prompt is not None:
         messages = [m for m in messages if m.get("role") != "system"]
         messages.insert(0, {"role": "system", "content": system_prompt})

@@ -107,6 +107,7 @@ class FileTask(Task):
         seed: int = 0,
         system_prompt: str | None = None,
         prompt_suffix: str = "",
+        few_shot: Sequence[dict[str, str]] = (),
     ) -> None:
         self.path = Path(path)
         self.name = f"file:{self.path.name}"
@@ -114,6 +115,7 @@ class FileTask(Task):
         self.answer_field = answer_field
         self.system_prompt = system_prompt
         self.prompt_suffix = prompt_suffix
+        self.few_shot = list(few_shot)
 
         rows = self._checked_rows(self.path, "task.path")
         order = list(range(len(rows)))
@@ -179,7 +181,8 @@ class FileTask(Task):
         return Example(
             id=f"{file_name}/{split}/{index}",
             messages=build_messages(
-                row[self.prompt_field], system_prompt=self.system_prompt, prompt_suffix=self.prompt_suffix
+                row[self.prompt_field], system_prompt=self.system_prompt, prompt_suffix=self.prompt_suffix,
+                few_shot=self.few_shot,
             ),
             answer=str(row[self.answer_field]),
             metadata=row,

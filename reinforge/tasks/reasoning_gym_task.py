@@ -114,6 +114,7 @@ class ReasoningGymTask(Task):
         seed: int = 0,
         system_prompt: str | None = None,
         prompt_suffix: str = "",
+        few_shot: Sequence[dict[str, str]] = (),
     ) -> None:
         import reasoning_gym  # noqa: F401  (registers every dataset)
 
@@ -124,6 +125,7 @@ class ReasoningGymTask(Task):
         self.seed = int(seed)
         self.system_prompt = system_prompt
         self.prompt_suffix = prompt_suffix
+        self.few_shot = list(few_shot)
         self._dataset_cls, self._config_cls = _check_name(name)
         _check_options(name, self._config_cls, self.options)
         self._streams: dict[int, Any] = {}
@@ -198,7 +200,8 @@ class ReasoningGymTask(Task):
         return Example(
             id=f"{self.name}/{split}/{index}",
             messages=build_messages(
-                entry["question"], system_prompt=self.system_prompt, prompt_suffix=self.prompt_suffix
+                entry["question"], system_prompt=self.system_prompt, prompt_suffix=self.prompt_suffix,
+                few_shot=self.few_shot,
             ),
             answer=None if answer is None else str(answer),
             metadata=entry,
