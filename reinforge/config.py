@@ -183,6 +183,11 @@ class LearnerConfig(_Section):
         description="Token budget (padded prompt+completion tokens) of one forward/backward "
         "micro-batch; bounds activation memory independent of the batch size.",
     )
+    share_prompt_prefix: bool = Field(
+        True,
+        description="Run each prompt once per group in the forward/backward pass and reuse its KV "
+        "cache for the group's completions (same values and gradients, 1/G of the prompt cost).",
+    )
 
 
 class TrainerConfig(_Section):

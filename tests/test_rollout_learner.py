@@ -136,3 +136,39 @@ def test_non_finite_loss_skips_update(tiny_model, tiny_tokenizer):
     for a, p in zip(before, tiny_model.parameters()):
         assert torch.equal(a, p)
     assert all(p.grad is None for p in tiny_model.parameters())
+
+
+def test_shared_prompt_prefix_equals_full_rows(tiny_model, tiny_tokenizer):
+    """Running each prompt once and reusing its KV cache for the group's completions gives the
+    same log-probs and the same gradients as running every row in full."""
+    gen = HFGenerator(tiny_model, tiny_tokenizer)
+    rollout, adv = _batch(gen, tiny_tokenizer)
+    grads, logprobs = [], []
+    for share in (False, True):
+        model = copy.deepcopy(tiny_model)
+        cfg = LearnerConfig(lr=1e-2, micro_batch_tokens=60, share_prompt_prefix=share)
+        learner = Learner(model, cfg, AlgorithmConfig())
+        assert learner.share_prefix == share
+        logprobs.append(learner.compute_logprobs(rollout))
+        learner.optimizer.step = lambda: None  # keep the gradients to compare them
+        learner.optimizer.zero_grad = lambda set_to_none=True: None
+        learner.step(TrainBatch(rollout=rollout, advantages=adv, old_logprobs=None))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    torch.testing.assert_close(logprobs[0], logprobs[1], atol=1e-5, rtol=1e-5)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_shared_prefix_plan_keeps_groups_together():
+    p = torch.tensor([50] * 8 + [20] * 8)
+    c = torch.tensor([5, 9, 3, 4, 6, 7, 8, 2] + [10] * 8)
+    g = torch.tensor([0] * 8 + [1] * 8)
+    plan = plan_micro_batches(p, c, token_budget=200, group_index=g)
+    assert sorted(torch.cat(plan).tolist()) == list(range(16))
+    for mb in plan:
+        groups = set(g[mb].tolist())
+        # shared cost: one prompt per group plus each row's completion
+        width_c = int(c[mb].max())
+        assert len(groups) * int(p[mb].max()) + len(mb) * width_c <= 200 or len(mb) == 1
+    # 8 rows of group 1 cost 20 + 8*10 = 100: one micro-batch holds the whole group
+    assert any(set(mb.tolist()) >= set(range(8, 16)) for mb in plan)

@@ -17,26 +17,64 @@ from ..batch import RolloutBatch, TrainBatch
 from ..config import AlgorithmConfig, LearnerConfig
 
 
-def plan_micro_batches(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, token_budget: int) -> list[torch.Tensor]:
-    """Split rows into micro-batches whose padded size (rows x (longest prompt + longest completion))
-    stays within ``token_budget``. Rows are sorted by length first so that rows of similar length
-    share a micro-batch, which keeps padding (wasted compute) low. A single row longer than the
-    budget still gets a micro-batch of its own."""
-    order = torch.argsort(prompt_lens + completion_lens, descending=True, stable=True)
+def plan_micro_batches(
+    prompt_lens: torch.Tensor,
+    completion_lens: torch.Tensor,
+    token_budget: int,
+    group_index: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Split rows into micro-batches whose padded token count stays within ``token_budget``.
+
+    Without ``group_index`` a micro-batch of n rows costs n x (longest prompt + longest completion).
+    With it, the rows of a group share one prompt (see ``_shared_prefix_logits``): the unit is a
+    whole group, and a micro-batch costs distinct prompts x longest prompt + rows x longest
+    completion. Units are sorted by length so that similar lengths share a micro-batch (little
+    padding). A group over the budget is split into row chunks; a single row over it still gets a
+    micro-batch of its own.
+    """
+    n = len(prompt_lens)
+    if group_index is None:
+        units = [[i] for i in range(n)]
+    else:
+        by_group: dict[int, list[int]] = {}
+        for i, g in enumerate(group_index.tolist()):
+            by_group.setdefault(g, []).append(i)
+        units = list(by_group.values())
+    shared = group_index is not None
+
+    def cost(n_prompts: int, n_rows: int, p: int, c: int) -> int:
+        return n_prompts * p + n_rows * c if shared else n_rows * (p + c)
+
+    # Split units that alone exceed the budget.
+    pieces: list[list[int]] = []
+    for unit in units:
+        p = int(prompt_lens[unit].max())
+        chunk: list[int] = []
+        for i in sorted(unit, key=lambda r: -int(completion_lens[r])):
+            c = int(completion_lens[chunk + [i]].max())
+            if chunk and cost(1 if shared else len(chunk) + 1, len(chunk) + 1, p, c) > token_budget:
+                pieces.append(chunk)
+                chunk = []
+            chunk.append(i)
+        pieces.append(chunk)
+    pieces.sort(key=lambda u: -(int(prompt_lens[u].max()) + int(completion_lens[u].max())))
+
     batches: list[list[int]] = []
     cur: list[int] = []
-    max_p = max_c = 0
-    for i in order.tolist():
-        p, c = int(prompt_lens[i]), int(completion_lens[i])
+    cur_prompts = max_p = max_c = 0
+    for piece in pieces:
+        p, c = int(prompt_lens[piece].max()), int(completion_lens[piece].max())
+        k = 1 if shared else len(piece)
         new_p, new_c = max(max_p, p), max(max_c, c)
-        if cur and (len(cur) + 1) * (new_p + new_c) > token_budget:
+        if cur and cost(cur_prompts + k, len(cur) + len(piece), new_p, new_c) > token_budget:
             batches.append(cur)
-            cur, new_p, new_c = [], p, c
-        cur.append(i)
+            cur, cur_prompts, new_p, new_c = [], 0, p, c
+        cur.extend(piece)
+        cur_prompts += k
         max_p, max_c = new_p, new_c
     if cur:
         batches.append(cur)
-    return [torch.tensor(b, dtype=torch.long) for b in batches]
+    return [torch.tensor(sorted(b), dtype=torch.long) for b in batches]
 
 
 @dataclass
@@ -47,9 +85,12 @@ class _MicroInputs:
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
     prompt_width: int
+    # Shared-prefix form: one row per distinct prompt, and each row's index into them.
+    prompt_rows: torch.Tensor | None = None
+    prompt_index: torch.Tensor | None = None
 
 
-def _micro_inputs(rollout: RolloutBatch, rows: torch.Tensor) -> _MicroInputs:
+def _micro_inputs(rollout: RolloutBatch, rows: torch.Tensor, *, share_prefix: bool = False) -> _MicroInputs:
     """The rows' prompt+completion with padding trimmed to this micro-batch's longest row."""
     p_mask = rollout.prompt_mask[rows]
     c_mask = rollout.completion_mask[rows]
@@ -62,7 +103,44 @@ def _micro_inputs(rollout: RolloutBatch, rows: torch.Tensor) -> _MicroInputs:
     attn = torch.cat([p_mask, c_mask], dim=1)
     # Left padding shifts every prompt; positions count real tokens only so they match generation.
     pos = (attn.long().cumsum(dim=1) - 1).clamp(min=0)
-    return _MicroInputs(torch.cat([p_ids, c_ids], dim=1), attn.long(), pos, c_ids, c_mask, pw)
+    mi = _MicroInputs(torch.cat([p_ids, c_ids], dim=1), attn.long(), pos, c_ids, c_mask, pw)
+    if share_prefix:
+        _, inverse = torch.unique(rollout.group_index[rows], return_inverse=True)
+        first = torch.full((int(inverse.max()) + 1,), len(rows), dtype=torch.long)
+        first = first.scatter_reduce(0, inverse, torch.arange(len(rows)), reduce="amin")
+        mi.prompt_rows, mi.prompt_index = first, inverse
+    return mi
+
+
+def _shared_prefix_logits(model, mi: _MicroInputs) -> torch.Tensor:
+    """Logits predicting each completion token, [N, T, V], running every distinct prompt once.
+
+    The G completions of a group share their prompt: the prompt goes through the model once, its
+    KV cache is repeated for the group's rows, and only completion tokens are run per row.
+    Gradients flow back through the repeated cache into the shared prompt activations, so the
+    result (values and gradients) equals running every row in full, at 1/G of the prompt cost.
+    """
+    from transformers import DynamicCache
+
+    pw = mi.prompt_width
+    p_ids = mi.input_ids[mi.prompt_rows, :pw]
+    p_attn = mi.attention_mask[mi.prompt_rows, :pw]
+    p_pos = mi.position_ids[mi.prompt_rows, :pw]
+    cache = DynamicCache(config=model.config)
+    head = model(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, past_key_values=cache,
+                 use_cache=True, logits_to_keep=1).logits  # predicts each completion's first token
+    first = head[mi.prompt_index]
+    if mi.completion_ids.shape[1] == 1:
+        return first
+    cache.batch_select_indices(mi.prompt_index)
+    rest = model(
+        input_ids=mi.completion_ids[:, :-1],
+        attention_mask=mi.attention_mask[:, :-1],
+        position_ids=mi.position_ids[:, pw:-1],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
+    return torch.cat([first, rest], dim=1)
 
 
 class Learner:
@@ -87,6 +165,8 @@ class Learner:
         self.max_new_tokens = max_new_tokens
         self.autocast_dtype = autocast_dtype
         self.reference_model = reference_model
+        # A KV cache cannot be kept under activation checkpointing, so sharing is off there.
+        self.share_prefix = cfg.share_prompt_prefix and not getattr(model, "is_gradient_checkpointing", False)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
@@ -105,16 +185,19 @@ class Learner:
     def _token_logprobs(self, model, mi: _MicroInputs) -> torch.Tensor:
         cw = mi.completion_ids.shape[1]
         with self._autocast():
-            # Only the logits that predict completion tokens are computed (not the prompt's): the
-            # last cw+1 positions, minus the final one, which predicts past the end.
-            out = model(
-                input_ids=mi.input_ids,
-                attention_mask=mi.attention_mask,
-                position_ids=mi.position_ids,
-                logits_to_keep=cw + 1,
-                use_cache=False,
-            )
-        logits = out.logits[:, :-1].float() / self.temperature
+            if mi.prompt_rows is not None:
+                logits = _shared_prefix_logits(model, mi)
+            else:
+                # Only the logits that predict completion tokens are computed (not the prompt's):
+                # the last cw+1 positions, minus the final one, which predicts past the end.
+                logits = model(
+                    input_ids=mi.input_ids,
+                    attention_mask=mi.attention_mask,
+                    position_ids=mi.position_ids,
+                    logits_to_keep=cw + 1,
+                    use_cache=False,
+                ).logits[:, :-1]
+        logits = logits.float() / self.temperature
         picked = logits.gather(2, mi.completion_ids[:, :, None]).squeeze(2)
         logprobs = picked - torch.logsumexp(logits, dim=-1)
         return logprobs.masked_fill(~mi.completion_mask, 0.0)
@@ -137,7 +220,7 @@ class Learner:
         try:
             with ctx:
                 for rows in self._plan(rollout):
-                    mi = _micro_inputs(rollout, rows)
+                    mi = _micro_inputs(rollout, rows, share_prefix=self.share_prefix)
                     lp = self._token_logprobs(model, mi)
                     out[rows, : lp.shape[1]] = lp
         finally:
@@ -146,7 +229,8 @@ class Learner:
 
     def _plan(self, rollout: RolloutBatch) -> list[torch.Tensor]:
         return plan_micro_batches(
-            rollout.prompt_mask.sum(dim=1), rollout.completion_mask.sum(dim=1), self.cfg.micro_batch_tokens
+            rollout.prompt_mask.sum(dim=1), rollout.completion_mask.sum(dim=1), self.cfg.micro_batch_tokens,
+            group_index=rollout.group_index if self.share_prefix else None,
         )
 
     # -- the update --------------------------------------------------------------------------
@@ -169,7 +253,7 @@ class Learner:
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_max": 0.0}
         finite = True
         for rows in self._plan(rollout):
-            mi = _micro_inputs(rollout, rows)
+            mi = _micro_inputs(rollout, rows, share_prefix=self.share_prefix)
             cw = mi.completion_ids.shape[1]
             logprobs = self._token_logprobs(self.model, mi)
             old = batch.old_logprobs[rows, :cw] if batch.old_logprobs is not None else logprobs.detach()

@@ -83,8 +83,17 @@ class HFGenerator:
     """Generates completions from an in-process HF model; the learner updates the same model
     object, so no weight sync is needed on one machine."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 64, autocast_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        batch_size: int = 64,
+        autocast_dtype: torch.dtype | None = None,
+        share_prefix: bool = True,
+    ):
         self.model = model
+        self.share_prefix = share_prefix
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.autocast_dtype = autocast_dtype
@@ -97,9 +106,12 @@ class HFGenerator:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
         """``num_samples`` completions for each prompt; rows of one prompt are contiguous."""
-        rows = [p for p in prompts for _ in range(params.num_samples)]
-        group_index = torch.arange(len(prompts)).repeat_interleave(params.num_samples)
-        chunks = [self._generate_chunk(rows[i : i + self.batch_size], params) for i in range(0, len(rows), self.batch_size)]
+        g = params.num_samples
+        rows = [p for p in prompts for _ in range(g)]
+        group_index = torch.arange(len(prompts)).repeat_interleave(g)
+        # Chunks hold whole groups, so each chunk prefills its distinct prompts once.
+        per_chunk = max(1, self.batch_size // g)
+        chunks = [self._generate_chunk(prompts[i : i + per_chunk], params) for i in range(0, len(prompts), per_chunk)]
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         width = max(c[0].shape[1] for c in chunks)
 
@@ -129,9 +141,34 @@ class HFGenerator:
             texts=texts,
         )
 
-    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams):
+    def _prefill(self, prompts: list[list[int]], repeats: int, autocast):
+        """The KV cache of every prompt but its last token, computed once per distinct prompt and
+        repeated for its samples: G samples of a prompt share their prefix, so prefill costs
+        1/G of prefilling every row. ``generate`` then runs only the last prompt token."""
+        from transformers import DynamicCache
+
+        ids, mask = left_pad(prompts, self.pad_id)
+        if ids.shape[1] < 2:
+            return None
+        pos = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        with autocast:
+            self.model(
+                input_ids=ids[:, :-1].to(self.model.device),
+                attention_mask=mask[:, :-1].long().to(self.model.device),
+                position_ids=pos[:, :-1].to(self.model.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        if repeats > 1:
+            cache.batch_repeat_interleave(repeats)
+        return cache
+
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams):
         from transformers import GenerationConfig, LogitsProcessorList
 
+        rows = [p for p in prompts for _ in range(params.num_samples)]
         ids, mask = left_pad(rows, self.pad_id)
         recorder = (
             _SampledLogprobRecorder() if params.greedy else _SampledLogprobRecorder(params.temperature, params.top_p)
@@ -155,12 +192,14 @@ class HFGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
+            cache = self._prefill(prompts, params.num_samples, autocast) if self.share_prefix else None
             with autocast:
                 out = self.model.generate(
                     input_ids=ids.to(self.model.device),
                     attention_mask=mask.long().to(self.model.device),
                     generation_config=gen_cfg,
                     logits_processor=LogitsProcessorList([recorder]),
+                    past_key_values=cache,
                 )
         finally:
             self.model.train(was_training)
