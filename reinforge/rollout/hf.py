@@ -176,10 +176,11 @@ class HFGenerator:
         gen_cfg = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             do_sample=not params.greedy,
-            # The recorder applies temperature and top-p; GenerationConfig's top_k=50 default is off.
+            # The recorder applies temperature and top-p; generate's top_k=50 default is turned off
+            # when sampling (greedy ignores it, and warns if it is set).
             temperature=1.0,
             top_p=1.0,
-            top_k=0,
+            top_k=None if params.greedy else 0,
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
             use_cache=True,
