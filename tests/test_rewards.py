@@ -302,3 +302,34 @@ def test_build_reward_threshold_and_bad_options(legs):
     bad = RewardConfig(verifiers=[VerifierSpec(name="exact_match", options={"case": True})])
     with pytest.raises(ValueError, match=r"reward\.verifiers\[0\]\.options.*'case'.*case_sensitive"):
         build_reward(bad, task)
+
+
+def test_python_verifier_loads_a_users_function_from_a_file(tmp_path):
+    from reinforge.config import build_config
+    from reinforge.rewards import build_reward
+    from reinforge.tasks import Example, build_task
+
+    f = tmp_path / "my_rewards.py"
+    f.write_text("def score(completion, example):\n    return 1.0 if example.answer in completion else 0.25\n")
+    cfg = build_config({"task": {"name": "chain_sum", "train_size": 5, "eval_size": 5},
+                        "reward": {"verifiers": [{"name": "python", "options": {"function": f"{f}:score"}}]}})
+    rf = build_reward(cfg.reward, build_task(cfg.task))
+    ex = Example(id="x", messages=[], answer="42", metadata={})
+    right, wrong = rf(["it is 42", "no idea"], [ex, ex])
+    assert (right.reward, right.correct) == (1.0, True)  # reaches correct_threshold=1.0
+    assert (wrong.reward, wrong.correct) == (0.25, False)
+
+
+def test_python_verifier_errors_name_the_fix(tmp_path):
+    from reinforge.config import build_config
+    from reinforge.rewards import build_reward
+    from reinforge.tasks import build_task
+
+    for options, message in [({}, "options.function is required"),
+                             ({"function": "no_such_module_xyz:f"}, "cannot import module 'no_such_module_xyz'"),
+                             ({"function": "os:no_such_function"}, "has no callable 'no_such_function'"),
+                             ({"function": str(tmp_path / "missing.py") + ":f"}, "does not exist")]:
+        cfg = build_config({"task": {"name": "chain_sum", "train_size": 5, "eval_size": 5},
+                            "reward": {"verifiers": [{"name": "python", "options": options}]}})
+        with pytest.raises(ValueError, match=message):
+            build_reward(cfg.reward, build_task(cfg.task))

@@ -204,3 +204,19 @@ def test_unknown_task_is_named(tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert "leg_countin" in out and "leg_counting" in out and "Traceback" not in out
+
+
+def test_lora_with_kl_uses_the_base_model_as_reference(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=2", "trainer.eval_every=0",
+                  "model.lora={r: 4, alpha: 8}", "algorithm.kl_coef=0.1", "learner.lr=5e-2",
+                  "model.dtype=bfloat16")
+    trainer = Trainer(cfg)
+    result = trainer.run()
+    metrics = RunDir.open(result.run_dir).read_metrics()
+    assert trainer.learner.reference_model is None  # no second copy: adapters off is the reference
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    # step 1 starts at the reference (KL 0); after one update the policy has moved away from it
+    assert metrics[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics[1]["kl"] > 0
+    assert (result.run_dir / "final_model" / "adapter_config.json").is_file()
