@@ -166,7 +166,10 @@ class Learner:
         self.autocast_dtype = autocast_dtype
         self.reference_model = reference_model
         # A KV cache cannot be kept under activation checkpointing, so sharing is off there.
-        self.share_prefix = cfg.share_prompt_prefix and not getattr(model, "is_gradient_checkpointing", False)
+        checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x name
+        if checkpointing is None:
+            checkpointing = getattr(model, "is_gradient_checkpointing", False)
+        self.share_prefix = cfg.share_prompt_prefix and not checkpointing
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
