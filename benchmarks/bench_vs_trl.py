@@ -468,7 +468,16 @@ def _run_child(kind: str, spec: dict, workdir: Path, verbose: bool) -> dict:
     took = time.perf_counter() - t0
     if proc.returncode != 0 or not result_path.is_file():
         tail = "" if verbose else "\n".join(log_path.read_text().splitlines()[-40:])
-        raise SystemExit(f"[bench] {kind} worker failed (exit {proc.returncode}); log {log_path}:\n{tail}")
+        print(f"[bench] {kind} worker failed (exit {proc.returncode}); log {log_path}:\n{tail}",
+              file=sys.stderr, flush=True)
+        if kind == "prepare":
+            raise SystemExit(1)
+        # A framework that dies (TRL was killed by the OOM killer on a 24 GB machine) is a result:
+        # keep it, and the other framework's numbers.
+        killed = proc.returncode == -9
+        return {"failed": True, "exit_code": proc.returncode, "process_wall_s": took,
+                "reason": "killed by SIGKILL (out of memory?)" if killed else f"exit code {proc.returncode}",
+                "log_tail": tail[-4000:]}
     print(f"[bench] {kind} worker done in {took:.1f}s", file=sys.stderr, flush=True)
     out = json.loads(result_path.read_text())
     out["process_wall_s"] = took
@@ -495,7 +504,7 @@ def markdown_table(record: dict) -> str:
     head = "| metric | " + " | ".join(names) + (" | reinforge / TRL |" if len(names) == 2 else " |")
     lines = [head, "|" + "---|" * (len(names) + 1 + (len(names) == 2))]
     for label, key, nd in rows:
-        cells = [_fmt(res[n].get(key), nd) for n in names]
+        cells = [f"failed: {res[n]['reason']}" if res[n].get("failed") else _fmt(res[n].get(key), nd) for n in names]
         if len(names) == 2:
             r = record["ratios"].get(ratio_keys.get(key, ""))
             cells.append(_fmt(r, 2) if r is not None else "")
@@ -544,7 +553,8 @@ def parent(args: argparse.Namespace) -> None:
                 (keep / p.name).write_text(p.read_text())
 
     ratios = {}
-    if all(f in results for f in FRAMEWORKS):
+    ok = {f: r for f, r in results.items() if not r.get("failed")}
+    if all(f in ok for f in FRAMEWORKS):
         r, t = results["reinforge"], results["trl"]
 
         def ratio(a, b):
@@ -556,10 +566,10 @@ def parent(args: argparse.Namespace) -> None:
             "ru_maxrss": ratio(r["ru_maxrss_gb"], t["ru_maxrss_gb"]),
         }
         ratios["prompts_match"] = r["prompt_ids"] == t["prompt_ids"]
-    if "trl" in results:
-        t = results["trl"]
+    if "trl" in ok:
+        t = ok["trl"]
         ratios["trl_prompt_tokens_match_reinforge_encoding"] = t["prompt_tokens"] == t["prompt_tokens_reinforge_encoding"]
-    versions = next(iter(results.values()))["versions"] if results else {}
+    versions = next(iter(ok.values()))["versions"] if ok else {}
     spec_out = {k: v for k, v in spec.items() if k != "workdir"}
     record = {
         "benchmark": "vs_trl",
