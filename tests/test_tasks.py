@@ -11,6 +11,7 @@ from reinforge.config import TaskConfig
 from reinforge.tasks import (
     Example,
     FileTask,
+    PromptFormat,
     ReasoningGymTask,
     TaskError,
     build_task,
@@ -82,7 +83,8 @@ def test_rg_training_set_is_lazy_sequence():
 
 def test_rg_messages_answer_and_metadata():
     task = ReasoningGymTask(
-        "leg_counting", train_size=5, eval_size=2, system_prompt="Be brief.", prompt_suffix="\nSUFFIX"
+        "leg_counting", train_size=5, eval_size=2,
+        prompt_format=PromptFormat(system_prompt="Be brief.", suffix="\nSUFFIX"),
     )
     ex = task.train_examples()[0]
     assert ex.messages[0] == {"role": "system", "content": "Be brief."}
@@ -213,7 +215,7 @@ def test_file_prompt_as_chat_messages(tmp_path):
     ]
     task = FileTask(
         _write_jsonl(tmp_path / "chat.jsonl", rows), prompt_field="messages", answer_field="y",
-        eval_size=2, system_prompt="new", prompt_suffix=" (answer in tags)",
+        eval_size=2, prompt_format=PromptFormat(system_prompt="new", suffix=" (answer in tags)"),
     )
     ex = task.train_examples()[0]
     row = int(ex.id.rsplit("/", 1)[1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reinforge.tasks.base import Example, Task, TaskError, build_messages, normalize_answer
+from reinforge.tasks.base import Example, PromptFormat, Task, TaskError, build_messages, normalize_answer
 from reinforge.tasks.file_task import FileTask
 from reinforge.tasks.prompts import encode_prompt
 from reinforge.tasks.reasoning_gym_task import ReasoningGymTask
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Example",
     "FileTask",
+    "PromptFormat",
     "ReasoningGymTask",
     "Task",
     "TaskError",
@@ -31,9 +32,11 @@ def build_task(cfg: "TaskConfig") -> Task:
         train_size=cfg.train_size,
         eval_size=cfg.eval_size,
         seed=cfg.seed,
-        system_prompt=cfg.system_prompt,
-        prompt_suffix=cfg.prompt_suffix,
-        few_shot=[shot.model_dump() for shot in cfg.few_shot],
+        prompt_format=PromptFormat(
+            system_prompt=cfg.system_prompt,
+            suffix=cfg.prompt_suffix,
+            few_shot=tuple(shot.model_dump() for shot in cfg.few_shot),
+        ),
     )
     if cfg.source == "reasoning_gym":
         return ReasoningGymTask(cfg.name, options=cfg.options, **common)

@@ -51,6 +51,20 @@ class Task:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a question becomes chat messages: an optional system prompt, a suffix on the question
+    (e.g. the answer-format instruction) and solved few-shot turns. Every task holds one."""
+
+    system_prompt: str | None = None
+    suffix: str = ""
+    few_shot: tuple[dict[str, str], ...] = ()
+
+    def messages(self, question: str | list[dict[str, Any]]) -> list[dict]:
+        return build_messages(question, system_prompt=self.system_prompt, prompt_suffix=self.suffix,
+                              few_shot=self.few_shot)
+
+
 _WS = re.compile(r"\s+")
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reinforge.tasks.base import Example, Task, TaskError, build_messages, normalize_answer
+from reinforge.tasks.base import Example, PromptFormat, Task, TaskError, normalize_answer
 
 logger = logging.getLogger(__name__)
 
@@ -105,17 +105,13 @@ class FileTask(Task):
         train_size: int = 5000,
         eval_size: int = 200,
         seed: int = 0,
-        system_prompt: str | None = None,
-        prompt_suffix: str = "",
-        few_shot: Sequence[dict[str, str]] = (),
+        prompt_format: PromptFormat = PromptFormat(),
     ) -> None:
         self.path = Path(path)
         self.name = f"file:{self.path.name}"
         self.prompt_field = prompt_field
         self.answer_field = answer_field
-        self.system_prompt = system_prompt
-        self.prompt_suffix = prompt_suffix
-        self.few_shot = list(few_shot)
+        self.prompt_format = prompt_format
 
         rows = self._checked_rows(self.path, "task.path")
         order = list(range(len(rows)))
@@ -180,10 +176,7 @@ class FileTask(Task):
     def _example(self, row: dict, file_name: str, split: str, index: int) -> Example:
         return Example(
             id=f"{file_name}/{split}/{index}",
-            messages=build_messages(
-                row[self.prompt_field], system_prompt=self.system_prompt, prompt_suffix=self.prompt_suffix,
-                few_shot=self.few_shot,
-            ),
+            messages=self.prompt_format.messages(row[self.prompt_field]),
             answer=str(row[self.answer_field]),
             metadata=row,
         )

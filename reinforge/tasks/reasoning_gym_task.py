@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, overload
 
-from reinforge.tasks.base import Example, Task, TaskError, build_messages
+from reinforge.tasks.base import Example, PromptFormat, Task, TaskError
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +112,7 @@ class ReasoningGymTask(Task):
         train_size: int = 5000,
         eval_size: int = 200,
         seed: int = 0,
-        system_prompt: str | None = None,
-        prompt_suffix: str = "",
-        few_shot: Sequence[dict[str, str]] = (),
+        prompt_format: PromptFormat = PromptFormat(),
     ) -> None:
         import reasoning_gym  # noqa: F401  (registers every dataset)
 
@@ -123,9 +121,7 @@ class ReasoningGymTask(Task):
         self.train_size = int(train_size)
         self.eval_size = int(eval_size)
         self.seed = int(seed)
-        self.system_prompt = system_prompt
-        self.prompt_suffix = prompt_suffix
-        self.few_shot = list(few_shot)
+        self.prompt_format = prompt_format
         self._dataset_cls, self._config_cls = _check_name(name)
         _check_options(name, self._config_cls, self.options)
         self._streams: dict[int, Any] = {}
@@ -199,10 +195,7 @@ class ReasoningGymTask(Task):
         answer = entry.get("answer")
         return Example(
             id=f"{self.name}/{split}/{index}",
-            messages=build_messages(
-                entry["question"], system_prompt=self.system_prompt, prompt_suffix=self.prompt_suffix,
-                few_shot=self.few_shot,
-            ),
+            messages=self.prompt_format.messages(entry["question"]),
             answer=None if answer is None else str(answer),
             metadata=entry,
         )
