@@ -253,7 +253,10 @@ class Learner:
         num_sequences = float(len(rollout))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_max": 0.0}
+        sums = {"loss": 0.0, "pg_loss": 0.0, "clip_fraction": 0.0, "ratio_max": 0.0}
+        use_kl = self.algo.kl_coef > 0 and batch.ref_logprobs is not None
+        if use_kl:  # logged only when it is part of the loss
+            sums["kl"] = 0.0
         finite = True
         for rows in self._plan(rollout):
             mi = _micro_inputs(rollout, rows, share_prefix=self.share_prefix)
@@ -268,7 +271,7 @@ class Learner:
             pg = aggregate_loss(per_token, mi.completion_mask, self.algo.loss_agg,
                                 num_tokens=num_tokens, num_sequences=num_sequences)
             loss = pg
-            if self.algo.kl_coef > 0 and batch.ref_logprobs is not None:
+            if use_kl:
                 kl_tok = kl_penalty(logprobs, batch.ref_logprobs[rows, :cw], mi.completion_mask, self.algo.kl_estimator)
                 kl = aggregate_loss(kl_tok, mi.completion_mask, self.algo.loss_agg,
                                     num_tokens=num_tokens, num_sequences=num_sequences)
