@@ -7,7 +7,7 @@ so ``cat([prompt_ids, completion_ids], dim=1)`` puts every completion right afte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,14 +44,6 @@ class RolloutBatch:
     @property
     def completion_lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
-
-    def select(self, rows: torch.Tensor) -> "RolloutBatch":
-        """The rows given by an index tensor, as a new batch (texts included)."""
-        out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = [v[i] for i in rows.tolist()] if isinstance(v, list) else v[rows]
-        return RolloutBatch(**out)
 
 
 @dataclass

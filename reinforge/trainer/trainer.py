@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import random
+import shutil
 import signal
 import sys
 import time
@@ -86,8 +89,6 @@ class Trainer:
             torch.set_num_threads(cfg.trainer.num_threads)
         torch.manual_seed(cfg.trainer.seed)
         np.random.seed(cfg.trainer.seed % 2**32)
-        import random
-
         random.seed(cfg.trainer.seed)
         # Cheap failures first: the task and the model path are checked before any weights load.
         self.task = build_task(cfg.task)
@@ -309,9 +310,6 @@ class Trainer:
         return RunResult(rd.path, step, summary)
 
     def _save_final_model(self) -> None:
-        import os
-        import shutil
-
         target = self.run_dir.path / "final_model"
         tmp = self.run_dir.path / ".tmp-final_model"
         shutil.rmtree(tmp, ignore_errors=True)
