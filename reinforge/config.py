@@ -14,6 +14,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .algorithms import ADVANTAGE_ESTIMATORS, COV_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES, SCALE_MODES
+from .recipes import RECIPES
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -127,6 +130,14 @@ class RewardConfig(_Section):
         description="How the answer is taken from a completion: the last <answer>...</answer>, "
         "the last \\boxed{...}, the last non-empty line, or the whole completion.",
     )
+    overlong_buffer: float = Field(
+        0.0, ge=0, lt=1,
+        description="DAPO's soft overlong punishment (arXiv:2503.14476), as a fraction of "
+        "rollout.max_new_tokens: completions that run into the last overlong_buffer x "
+        "max_new_tokens tokens lose reward linearly, up to overlong_penalty at the limit "
+        "(DAPO: 0.2; 0: off).",
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="The largest overlong punishment.")
     correct_threshold: float = Field(
         1.0,
         description="A sample counts as correct (accuracy) when the 'task'/'math_verify'/"
@@ -146,29 +157,127 @@ class RolloutConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    """GRPO by default ("DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
-    Language Models", Shao et al., 2024, arXiv:2402.03300)."""
+    """The RL algorithm as a composition of components from ``reinforge.algorithms``. The
+    defaults are GRPO's ("DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
+    Language Models", Shao et al., 2024, arXiv:2402.03300) without its KL term; the recipes
+    (``reinforge recipes``) set these keys as each paper did. docs/algorithms.md has the formulas."""
 
-    advantage: Literal["grpo"] = Field(
-        "grpo", description="Advantage estimator: group-normalised rewards (GRPO)."
+    advantage: Literal[ADVANTAGE_ESTIMATORS] = Field(
+        "grpo",
+        description="Advantage estimator. 'grpo': reward minus the group mean, scaled per "
+        "scale_rewards (GRPO arXiv:2402.03300, Dr. GRPO arXiv:2503.20783, Lite PPO "
+        "arXiv:2508.08221); 'rloo': leave-one-out baseline (arXiv:2402.14740); 'reinforce_pp': "
+        "returns whitened over the batch (REINFORCE++, arXiv:2501.03262); 'reinforce_pp_baseline': "
+        "group-mean baseline, then batch whitening; 'remax': the prompt's greedy completion's "
+        "reward as baseline (arXiv:2310.10505; one extra greedy sample per prompt); 'gae': "
+        "GAE with a learned critic (PPO, arXiv:1707.06347; see the `critic` section); 'passk': "
+        "advantages of the pass@k objective (arXiv:2508.10751; uses correctness, see passk_k).",
     )
-    scale_rewards: bool = Field(
-        True, description="Divide group-centred rewards by the group std (GRPO); False: Dr. GRPO."
+    scale_rewards: Literal[SCALE_MODES] = Field(
+        "group",
+        description="For grpo/rloo/remax: divide advantages by the std of rewards in the group "
+        "('group', GRPO), in the whole batch ('batch', Lite PPO), or not at all ('none', Dr. "
+        "GRPO). true/false are read as 'group'/'none'.",
+    )
+    policy_loss: Literal[tuple(POLICY_LOSSES)] = Field(
+        "clipped",
+        description="'clipped': PPO's clipped surrogate with clip_eps_low/high (arXiv:1707.06347, "
+        "clip-higher from DAPO arXiv:2503.14476) and optional dual_clip; 'gspo': sequence-level "
+        "ratio (arXiv:2507.18071); 'cispo': clipped, detached importance weight times log-prob "
+        "(arXiv:2506.13585); 'reinforce': -A * log-prob, no ratio (exact only on fresh samples).",
     )
     clip_eps_low: float = Field(0.2, ge=0, description="Lower clip range of the ratio, 1-eps.")
-    clip_eps_high: float = Field(0.2, ge=0, description="Upper clip range of the ratio, 1+eps.")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm"] = Field(
+    clip_eps_high: float = Field(
+        0.2, ge=0, description="Upper clip range of the ratio, 1+eps (DAPO's clip-higher: 0.28)."
+    )
+    dual_clip: float | None = Field(
+        None, gt=1,
+        description="Dual clip constant c > 1: for negative advantages the loss is capped at "
+        "-c*A ('Mastering Complex Control in MOBA Games with Deep RL', arXiv:1912.09729).",
+    )
+    loss_agg: Literal[LOSS_AGG_MODES] = Field(
         "token_mean",
         description="token_mean: average over all tokens of the batch (DAPO, arXiv:2503.14476); "
         "seq_mean_token_mean: average per sequence, then over sequences (original GRPO); "
-        "seq_mean_token_sum: token sums averaged over sequences; token_sum_norm: token sum divided "
-        "by sequences x max_new_tokens (Dr. GRPO, arXiv:2503.20783).",
+        "seq_mean_token_sum: token sums averaged over sequences (REINFORCE on whole sequences: "
+        "RLOO, ReMax); token_sum_norm: token sum divided by sequences x max_new_tokens (Dr. GRPO, "
+        "arXiv:2503.20783). The per-sequence means weigh a long completion's tokens less: a "
+        "length bias.",
     )
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference term in the loss.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference term in the loss (GRPO: 0.04).")
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="KL estimator (Schulman, 'Approximating KL Divergence', 2020)."
+        "k3", description="KL estimator of the loss term (Schulman, 'Approximating KL Divergence', 2020)."
     )
+    kl_reward_coef: float = Field(
+        0.0, ge=0,
+        description="Weight of a per-token KL penalty subtracted from the reward (InstructGPT, "
+        "arXiv:2203.02155; REINFORCE++). Token by token for reinforce_pp and gae, summed over the "
+        "completion for sequence-level estimators.",
+    )
+    kl_reward_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="KL estimator of the reward penalty.")
+    entropy_coef: float = Field(
+        0.0, ge=0, description="Entropy bonus: coef x the aggregated token entropy is subtracted from the loss."
+    )
+    cov_penalty: Literal[COV_PENALTIES] = Field(
+        "none",
+        description="Covariance-based token regulariser of 'The Entropy Mechanism of RL for "
+        "Reasoning LMs' (arXiv:2505.22617): 'clip_cov' drops the gradient of a random share "
+        "cov_ratio of tokens whose log-prob/advantage covariance lies in cov_bounds; 'kl_cov' adds "
+        "kl_cov_coef*|logp - logp_old| on the top cov_ratio tokens. Acts only when the policy has "
+        "moved from the sampler (epochs or mini_batches > 1).",
+    )
+    cov_ratio: float = Field(2e-4, gt=0, le=1, description="Share of tokens Clip-Cov/KL-Cov act on (paper: 2e-4 / 2e-3).")
+    cov_bounds: tuple[float, float] = Field((1.0, 5.0), description="Clip-Cov's covariance window (lower, upper).")
+    kl_cov_coef: float = Field(1.0, ge=0, description="KL-Cov's penalty weight.")
+    tis_cap: float | None = Field(
+        None, gt=0,
+        description="Truncated importance sampling: weight each token's loss by "
+        "min(exp(logp_learner - logp_sampler), tis_cap), correcting the generator/learner "
+        "mismatch (Yao et al., 2025, 'Your Efficient RL Framework Secretly Brings You Off-Policy "
+        "RL Training'; 2.0 is their value). Costs one extra no-grad forward per step.",
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of token rewards (gae, reinforce_pp).")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE's lambda (gae).")
+    passk_k: int = Field(4, ge=1, description="k of the pass@k objective (passk); needs num_samples >= k.")
     epochs: int = Field(1, ge=1, description="Optimisation passes over each rollout batch.")
+    mini_batches: int = Field(
+        1, ge=1,
+        description="Optimiser steps per epoch: the batch's prompt groups are split into this many "
+        "mini-batches (PPO-style; GSPO uses 4).",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling (arXiv:2503.14476): drop groups whose rewards are all "
+        "equal and keep drawing prompts until prompts_per_step informative groups are collected "
+        "(or max_sampling_rounds is reached).",
+    )
+    max_sampling_rounds: int = Field(
+        4, ge=1, description="Generation rounds per step at most with dynamic_sampling."
+    )
+    overlong_filter: bool = Field(
+        False,
+        description="DAPO's overlong filtering: truncated completions (no stop token within "
+        "max_new_tokens) are left out of the loss.",
+    )
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _bool_scale(cls, v: Any) -> Any:
+        return {True: "group", False: "none"}[v] if isinstance(v, bool) else v
+
+
+class CriticConfig(_Section):
+    """The value model of PPO ('gae' advantages): the policy's transformer with a scalar head,
+    initialised from the same weights, trained with its own AdamW on PPO's clipped value loss."""
+
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the critic.")
+    value_clip: float | None = Field(
+        0.2, gt=0, description="Clip range of the value update around the old values (None: no clipping)."
+    )
+    grad_clip: float = Field(1.0, gt=0, description="Max gradient norm of the critic.")
+    warmup_steps: int = Field(
+        0, ge=0, description="Steps in which only the critic learns (the policy update is skipped)."
+    )
 
 
 class LearnerConfig(_Section):
@@ -221,6 +330,7 @@ class RunConfig(_Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
@@ -232,19 +342,31 @@ class RunConfig(_Section):
             raise ValueError(f"unknown recipe {v!r}; accepted: {', '.join(sorted(RECIPES))}")
         return v
 
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        algo, rollout = self.algorithm, self.rollout
+        if algo.advantage == "passk" and rollout.num_samples < algo.passk_k:
+            raise ValueError(
+                f"algorithm.passk_k={algo.passk_k} needs rollout.num_samples >= {algo.passk_k} "
+                f"(got {rollout.num_samples})"
+            )
+        if algo.dynamic_sampling and rollout.num_samples < 2:
+            raise ValueError(
+                "algorithm.dynamic_sampling keeps groups whose rewards differ, so it needs "
+                "rollout.num_samples >= 2"
+            )
+        if algo.mini_batches > self.trainer.prompts_per_step:
+            raise ValueError(
+                f"algorithm.mini_batches={algo.mini_batches} splits prompt groups, so it must be "
+                f"<= trainer.prompts_per_step={self.trainer.prompts_per_step}"
+            )
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-
-# A recipe is a preset of config values; the learner and trainer never branch on its name.
-RECIPES: dict[str, dict[str, Any]] = {
-    "grpo": {
-        "algorithm": {"advantage": "grpo", "scale_rewards": True, "loss_agg": "token_mean"},
-    },
-}
 
 
 def _parse_value(text: str) -> Any:
@@ -319,7 +441,7 @@ def build_config(raw: dict[str, Any] | None = None, overrides: list[str] | None 
     recipe = raw.get("recipe", "grpo")
     if recipe not in RECIPES:
         raise ConfigError(f"recipe: unknown recipe {recipe!r}; accepted: {', '.join(sorted(RECIPES))}")
-    merged = _deep_merge(RECIPES[recipe], raw)
+    merged = _deep_merge(RECIPES[recipe].preset, raw)
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as err:

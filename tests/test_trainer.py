@@ -162,15 +162,15 @@ def test_repeated_nan_stops_with_checkpoint_intact(tmp_path, tiny_model_dir, mon
     cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=10", "trainer.eval_every=0",
                   "trainer.checkpoint_every=2", "trainer.max_consecutive_nan=2")
     trainer = Trainer(cfg)
-    real = trainer_module.group_normalized_advantages
+    real = trainer_module.compute_advantages
     calls = {"n": 0}
 
     def blows_up_after_two_steps(*args, **kwargs):  # a numerical blow-up from step 3 on
         calls["n"] += 1
-        adv = real(*args, **kwargs)
-        return adv if calls["n"] <= 2 else adv * float("nan")
+        adv, returns = real(*args, **kwargs)
+        return (adv if calls["n"] <= 2 else adv * float("nan")), returns
 
-    monkeypatch.setattr(trainer_module, "group_normalized_advantages", blows_up_after_two_steps)
+    monkeypatch.setattr(trainer_module, "compute_advantages", blows_up_after_two_steps)
     with pytest.raises(FloatingPointError, match="non-finite"):
         trainer.run()
     rd = trainer.run_dir

@@ -1,41 +1,124 @@
-"""Advantage estimators: rewards of completions in, one advantage per completion out.
+"""Advantage estimators: rewards of completions in, advantages out.
 
-Shapes follow ``reinforge.batch``: N completions; ``group_index`` [N] says which prompt each
-completion answers. Pure tensor functions, no models and no I/O.
+Shapes follow ``reinforge.batch``: N completions, T completion tokens (right-padded), ``mask``
+[N, T] bool with True on real tokens, ``group_index`` [N] says which prompt each completion
+answers. Sequence-level estimators return [N] (one advantage per completion, broadcast over its
+tokens); token-level ones (REINFORCE++, GAE) return [N, T], 0 on padding. Pure tensor functions,
+no models and no I/O.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-__all__ = ["group_normalized_advantages"]
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "SCALE_MODES",
+    "group_normalized_advantages",
+    "leave_one_out_advantages",
+    "greedy_baseline_advantages",
+    "reinforce_pp_advantages",
+    "gae_advantages",
+    "passk_advantages",
+    "token_level_rewards",
+    "masked_whiten",
+    "informative_groups",
+    "compute_advantages",
+]
+
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "gae", "passk")
+SCALE_MODES = ("group", "batch", "none")
+
+
+def _check_1d(rewards: Tensor, group_index: Tensor) -> None:
+    if rewards.dim() != 1 or group_index.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_index must both be [N]; got {tuple(rewards.shape)} and "
+            f"{tuple(group_index.shape)}"
+        )
+
+
+def _out_dtype(rewards: Tensor) -> torch.dtype:
+    return rewards.dtype if rewards.is_floating_point() else torch.float32
+
+
+def _group_stats(r: Tensor, group_index: Tensor):
+    """``(g, count, total, informative)`` for float64 rewards ``r``: ``g`` maps group ids to
+    0..G-1; a group is informative when it has more than one sample and its rewards differ."""
+    _, g = torch.unique(group_index, return_inverse=True)
+    num_groups = int(g.max()) + 1
+    count = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, g, torch.ones_like(r))
+    total = torch.zeros_like(count).index_add_(0, g, r)
+    gmax = torch.full_like(count, -torch.inf).scatter_reduce(0, g, r, reduce="amax")
+    gmin = torch.full_like(count, torch.inf).scatter_reduce(0, g, r, reduce="amin")
+    return g, count, total, (count > 1) & (gmax > gmin)
+
+
+def _scale_by_std(adv: Tensor, r: Tensor, g: Tensor, count: Tensor, mode: str | bool, eps: float) -> Tensor:
+    """Divide by the unbiased std of the raw rewards in each group ("group"), in the whole batch
+    ("batch"), or not at all ("none"). ``True``/``False`` mean "group"/"none"."""
+    mode = {True: "group", False: "none"}[mode] if isinstance(mode, bool) else mode
+    if mode == "none":
+        return adv
+    if mode == "group":
+        mean = torch.zeros_like(count).index_add_(0, g, r) / count
+        c = r - mean[g]
+        var = torch.zeros_like(count).index_add_(0, g, c * c) / (count - 1).clamp_min(1)
+        return adv / (var.sqrt()[g] + eps)
+    if mode == "batch":
+        std = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+        return adv / (std + eps)
+    raise ValueError(f"unknown scale mode {mode!r}; expected one of {SCALE_MODES}")
+
+
+def informative_groups(rewards: Tensor, group_index: Tensor) -> Tensor:
+    """[G] bool over the sorted distinct group ids: True where a group's rewards are not all
+    equal. DAPO's dynamic sampling keeps only these ("DAPO: An Open-Source LLM Reinforcement
+    Learning System at Scale", Yu et al., 2025, arXiv:2503.14476): a group whose rewards are all
+    equal has zero group-relative advantage and only dilutes the batch."""
+    _check_1d(rewards, group_index)
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    r = rewards.detach().to(torch.float64)
+    _, g = torch.unique(group_index, return_inverse=True)
+    num_groups = int(g.max()) + 1
+    gmax = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, g, r, reduce="amax")
+    gmin = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, g, r, reduce="amin")
+    return gmax > gmin
 
 
 def group_normalized_advantages(
-    rewards: Tensor, group_index: Tensor, *, scale: bool = True, eps: float = 1e-6
+    rewards: Tensor, group_index: Tensor, *, scale: bool | str = True, eps: float = 1e-6
 ) -> Tensor:
     """Group-relative advantages: each reward compared with the other samples of its prompt.
 
     GRPO ("DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
-    Shao et al., 2024, arXiv:2402.03300), ``scale=True``::
+    Shao et al., 2024, arXiv:2402.03300), ``scale="group"`` (or ``True``)::
 
         A_i = (r_i - mean_g) / (std_g + eps)
 
     Dr. GRPO ("Understanding R1-Zero-Like Training: A Critical Perspective", Liu et al., 2025,
     arXiv:2503.20783) drops the std division, which biases updates towards too-easy and
-    too-hard prompts; ``scale=False``::
+    too-hard prompts; ``scale="none"`` (or ``False``)::
 
         A_i = r_i - mean_g
 
-    ``mean_g`` and ``std_g`` are taken over the completions sharing ``i``'s group; ``std_g`` is the
-    unbiased sample std (divisor n_g - 1), as in TRL and verl.
+    Lite PPO ("Tricks or Traps? A Deep Dive into RL for LLM Reasoning", Liu et al., 2025,
+    arXiv:2508.08221): group mean, batch std; ``scale="batch"``::
+
+        A_i = (r_i - mean_g) / (std_batch + eps)
+
+    ``mean_g`` and ``std_g`` are taken over the completions sharing ``i``'s group, ``std_batch``
+    over all rewards of the batch; stds are unbiased (divisor n - 1), as in TRL and verl.
 
     Args:
         rewards: [N] float, one scalar reward per completion.
         group_index: [N] long, group id of each completion. Ids need not be contiguous or sorted
             and groups may have different sizes.
-        scale: divide by the group std (GRPO) or not (Dr. GRPO).
+        scale: "group", "batch" or "none" (True/False mean "group"/"none").
         eps: added to the std before dividing.
 
     Returns:
@@ -43,37 +126,306 @@ def group_normalized_advantages(
         or whose rewards are all equal, carries no signal: its advantages are exactly 0.
         Computed without a Python loop over groups.
     """
-    if rewards.dim() != 1 or group_index.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_index must both be [N]; got {tuple(rewards.shape)} and "
-            f"{tuple(group_index.shape)}"
-        )
-    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    _check_1d(rewards, group_index)
+    out_dtype = _out_dtype(rewards)
     if rewards.numel() == 0:
         return torch.zeros_like(rewards, dtype=out_dtype)
-
     # Float64 for the statistics: group sums of many rewards stay exact enough.
     r = rewards.detach().to(torch.float64)
-    _, g = torch.unique(group_index, return_inverse=True)  # ids -> 0..G-1
-    num_groups = int(g.max()) + 1
+    g, count, total, informative = _group_stats(r, group_index)
+    adv = _scale_by_std(r - (total / count)[g], r, g, count, scale, eps)
+    # Uninformative groups get exactly 0 (the centred value could be a rounding residue like
+    # 1e-17, blown up by the std division).
+    return torch.where(informative[g], adv, torch.zeros_like(adv)).to(out_dtype)
 
-    count = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(
-        0, g, torch.ones_like(r)
-    )
-    total = torch.zeros_like(count).index_add_(0, g, r)
-    mean = total / count
-    centred = r - mean[g]
 
-    # A group with a single sample, or whose rewards are all equal, gets exactly 0 (the centred
-    # value could otherwise be a rounding residue like 1e-17, blown up by the std division).
-    gmax = torch.full_like(count, -torch.inf).scatter_reduce(0, g, r, reduce="amax")
-    gmin = torch.full_like(count, torch.inf).scatter_reduce(0, g, r, reduce="amin")
-    informative = (count > 1) & (gmax > gmin)
+def leave_one_out_advantages(
+    rewards: Tensor, group_index: Tensor, *, scale: bool | str = "none", eps: float = 1e-6
+) -> Tensor:
+    """RLOO: each sample's baseline is the mean reward of the OTHER samples of its prompt.
 
-    if scale:
-        sq = torch.zeros_like(count).index_add_(0, g, centred * centred)
-        var = sq / (count - 1).clamp_min(1)  # unbiased; groups of one are masked out below
-        centred = centred / (var.sqrt()[g] + eps)
+    "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in
+    LLMs", Ahmadian et al., 2024, arXiv:2402.14740 (after Kool et al., 2019)::
 
-    adv = torch.where(informative[g], centred, torch.zeros_like(centred))
-    return adv.to(out_dtype)
+        A_i = r_i - (sum_g - r_i) / (n_g - 1)  =  n_g / (n_g - 1) * (r_i - mean_g)
+
+    The baseline does not depend on ``r_i``, so the estimate stays unbiased. ``scale`` as in
+    :func:`group_normalized_advantages` (RLOO itself uses "none"). Groups of one sample or with
+    all-equal rewards get exactly 0.
+    """
+    _check_1d(rewards, group_index)
+    out_dtype = _out_dtype(rewards)
+    if rewards.numel() == 0:
+        return torch.zeros_like(rewards, dtype=out_dtype)
+    r = rewards.detach().to(torch.float64)
+    g, count, total, informative = _group_stats(r, group_index)
+    baseline = (total[g] - r) / (count[g] - 1).clamp_min(1)
+    adv = _scale_by_std(r - baseline, r, g, count, scale, eps)
+    return torch.where(informative[g], adv, torch.zeros_like(adv)).to(out_dtype)
+
+
+def greedy_baseline_advantages(rewards: Tensor, group_index: Tensor, baseline_rewards: Tensor) -> Tensor:
+    """ReMax: the baseline of a prompt is the reward of its greedy completion.
+
+    "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning Large
+    Language Models", Li et al., 2023, arXiv:2310.10505::
+
+        A_i = r_i - r(greedy completion of prompt g_i)
+
+    Args:
+        rewards: [N] rewards of the sampled completions.
+        group_index: [N] prompt index of each completion, in 0..P-1.
+        baseline_rewards: [P] reward of each prompt's greedy completion.
+    """
+    _check_1d(rewards, group_index)
+    if baseline_rewards.dim() != 1 or (group_index.numel() and int(group_index.max()) >= len(baseline_rewards)):
+        raise ValueError(
+            f"baseline_rewards must be [P] with one greedy reward per prompt index in group_index; "
+            f"got {tuple(baseline_rewards.shape)}"
+        )
+    out = rewards.detach().to(torch.float64) - baseline_rewards.detach().to(torch.float64)[group_index]
+    return out.to(_out_dtype(rewards))
+
+
+def masked_whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
+    """``(x - mean) / (std + eps)`` over the real tokens of the whole batch (unbiased std);
+    0 on padding. The global ("batch") normalisation of REINFORCE++ and of PPO's advantages."""
+    mask = mask.bool()
+    n = mask.sum()
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    x = torch.where(mask, values, zero)
+    if n == 0:
+        return x
+    mean = x.sum() / n
+    var = (torch.where(mask, values - mean, zero) ** 2).sum() / (n - 1).clamp_min(1)
+    centred = values - mean if shift_mean else values
+    return torch.where(mask, centred / (var.sqrt() + eps), zero)
+
+
+def token_level_rewards(
+    rewards: Tensor, mask: Tensor, token_kl: Tensor | None = None, kl_coef: float = 0.0
+) -> Tensor:
+    """Per-token rewards [N, T]: the outcome reward on each completion's last real token, minus
+    ``kl_coef`` x the per-token KL estimate when the KL penalty goes into the reward (as in
+    "Training language models to follow instructions with human feedback", Ouyang et al., 2022,
+    arXiv:2203.02155, and REINFORCE++). 0 on padding."""
+    mask = mask.bool()
+    if rewards.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
+        raise ValueError(f"rewards [N] and mask [N, T] expected; got {tuple(rewards.shape)}, {tuple(mask.shape)}")
+    dtype = _out_dtype(rewards)
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    lengths = mask.sum(dim=1)
+    has = lengths > 0
+    last = (lengths - 1).clamp_min(0)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    out[rows[has], last[has]] = rewards[has].to(dtype)
+    if token_kl is not None and kl_coef:
+        out = out - kl_coef * torch.where(mask, token_kl.to(dtype), torch.zeros((), dtype=dtype))
+    return out
+
+
+def _returns_to_go(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    # Padding is right of every real token and holds 0, so the running sum starts clean.
+    r = torch.where(mask, token_rewards, torch.zeros((), dtype=token_rewards.dtype))
+    out = torch.zeros_like(r)
+    running = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
+    for t in range(r.shape[1] - 1, -1, -1):
+        running = r[:, t] + gamma * running
+        out[:, t] = running
+    return torch.where(mask, out, torch.zeros((), dtype=r.dtype))
+
+
+def reinforce_pp_advantages(
+    token_rewards: Tensor,
+    mask: Tensor,
+    *,
+    gamma: float = 1.0,
+    group_index: Tensor | None = None,
+    eps: float = 1e-8,
+) -> Tensor:
+    """REINFORCE++: returns with global batch normalisation instead of a critic or group std.
+
+    "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models", Hu et al.,
+    2025, arXiv:2501.03262. Without ``group_index``: the return-to-go of each token
+    ``G_t = sum_{s>=t} gamma^(s-t) r_s`` (``token_rewards`` hold the outcome on the last token and
+    any per-token KL penalty), whitened over all real tokens of the batch::
+
+        A_t = (G_t - mean_batch(G)) / std_batch(G)
+
+    With ``group_index`` (the "REINFORCE++-baseline" variant for several samples per prompt): the
+    sequence return ``sum_t r_t`` minus its group mean, broadcast to every token, then whitened
+    over all real tokens of the batch.
+
+    Returns [N, T], 0 on padding.
+    """
+    mask = mask.bool()
+    if token_rewards.shape != mask.shape:
+        raise ValueError(f"token_rewards {tuple(token_rewards.shape)} and mask {tuple(mask.shape)} differ")
+    x = token_rewards.detach().to(torch.float64)
+    if group_index is None:
+        returns = _returns_to_go(x, mask, gamma)
+    else:
+        score = torch.where(mask, x, torch.zeros((), dtype=x.dtype)).sum(dim=1)
+        _check_1d(score, group_index)
+        g, count, total, _ = _group_stats(score, group_index)
+        returns = (score - (total / count)[g])[:, None].expand_as(x)
+    return masked_whiten(returns, mask, eps=eps).to(_out_dtype(token_rewards))
+
+
+def gae_advantages(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation with a learned value model.
+
+    "High-Dimensional Continuous Control Using Generalized Advantage Estimation", Schulman et al.,
+    2015, arXiv:1506.02438; used with PPO ("Proximal Policy Optimization Algorithms", Schulman et
+    al., 2017, arXiv:1707.06347). With ``V_T = 0`` after the last real token::
+
+        delta_t = r_t + gamma * V_{t+1} - V_t
+        A_t     = sum_l (gamma * lam)^l * delta_{t+l}
+        R_t     = A_t + V_t            (the critic's regression target)
+
+    Args:
+        token_rewards: [N, T], see :func:`token_level_rewards`.
+        values: [N, T] critic values V(s_t) of the state before each completion token.
+        mask: [N, T] bool.
+
+    Returns:
+        ``(advantages [N, T], returns [N, T])``, both 0 on padding, not yet whitened.
+    """
+    mask = mask.bool()
+    if token_rewards.shape != mask.shape or values.shape != mask.shape:
+        raise ValueError(
+            f"token_rewards {tuple(token_rewards.shape)}, values {tuple(values.shape)} and mask "
+            f"{tuple(mask.shape)} must match"
+        )
+    dtype = torch.float64
+    zero = torch.zeros((), dtype=dtype)
+    r = torch.where(mask, token_rewards.detach().to(dtype), zero)
+    v = torch.where(mask, values.detach().to(dtype), zero)
+    n, t_len = mask.shape
+    adv = torch.zeros((n, t_len), dtype=dtype)
+    running = torch.zeros(n, dtype=dtype)
+    next_v = torch.zeros(n, dtype=dtype)
+    m = mask.to(dtype)
+    for t in range(t_len - 1, -1, -1):
+        delta = r[:, t] + gamma * next_v - v[:, t]
+        running = delta + gamma * lam * running
+        running = running * m[:, t]  # padding: no advantage, and nothing flows back past the end
+        adv[:, t] = running
+        next_v = v[:, t] * m[:, t]
+    returns = torch.where(mask, adv + v, zero)
+    out = _out_dtype(token_rewards)
+    return adv.to(out), returns.to(out)
+
+
+def passk_advantages(correct: Tensor, group_index: Tensor, k: int, *, eps: float = 1e-6) -> Tensor:
+    """Advantages of the pass@k objective, in closed form.
+
+    "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large Reasoning
+    Models", Chen et al., 2025, arXiv:2508.10751. The reward of a k-subset of a group is 1 when
+    any of its samples is correct. With n samples of which n_neg are wrong::
+
+        R_mean = 1 - C(n_neg, k) / C(n, k)                (pass@k of the group)
+        std    = sqrt(R_mean * (1 - R_mean))
+        A_pos  = (1 - R_mean) / std
+        A_neg  = (1 - R_mean - C(n_neg - 1, k - 1) / C(n - 1, k - 1)) / std
+
+    A correct sample's k-subsets all pass; a wrong one's pass unless the k-1 others are wrong
+    too. This equals averaging ``(subset reward - R_mean) / std`` over every k-subset that holds
+    the sample, without enumerating them. With k=1 it is GRPO with the population std.
+
+    Args:
+        correct: [N] bool or 0/1 float, whether each sample is correct.
+        group_index: [N] group id of each sample.
+        k: subset size; every group must have at least k samples.
+
+    Returns:
+        [N] float32. Groups with no signal (R_mean of 0 or 1) get exactly 0.
+    """
+    _check_1d(correct, group_index)
+    if k < 1:
+        raise ValueError(f"pass@k needs k >= 1, got {k}")
+    c = correct.detach().to(torch.float64)
+    if not torch.all((c == 0) | (c == 1)):
+        raise ValueError("passk_advantages needs binary correctness (0/1) per sample")
+    out = torch.zeros(c.shape, dtype=torch.float32)
+    if c.numel() == 0:
+        return out
+    _, g = torch.unique(group_index, return_inverse=True)
+    for gi in range(int(g.max()) + 1):
+        rows = (g == gi).nonzero().squeeze(1)
+        n = len(rows)
+        if n < k:
+            raise ValueError(
+                f"pass@{k} advantages need at least k={k} samples per prompt, a group has {n}: "
+                f"raise rollout.num_samples or lower algorithm.passk_k"
+            )
+        n_neg = int((c[rows] == 0).sum())
+        mean = 1.0 - math.comb(n_neg, k) / math.comb(n, k)
+        std = math.sqrt(mean * (1.0 - mean))
+        if std == 0.0:
+            continue
+        a_pos = (1.0 - mean) / (std + eps)
+        a_neg = (1.0 - mean - math.comb(n_neg - 1, k - 1) / math.comb(n - 1, k - 1)) / (std + eps) if n_neg else 0.0
+        out[rows] = torch.where(c[rows] == 1, torch.tensor(a_pos), torch.tensor(a_neg)).float()
+    return out
+
+
+def compute_advantages(
+    estimator: str,
+    *,
+    rewards: Tensor,
+    group_index: Tensor,
+    mask: Tensor,
+    scale: bool | str = "group",
+    token_kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    baseline_rewards: Tensor | None = None,
+    values: Tensor | None = None,
+    correct: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    passk_k: int = 1,
+    whiten: bool = True,
+    eps: float = 1e-6,
+) -> tuple[Tensor, Tensor | None]:
+    """One entry point for every estimator in ``ADVANTAGE_ESTIMATORS``, so that the trainer never
+    branches on a method. Returns ``(advantages, returns)``: advantages [N] or [N, T]; returns
+    [N, T] only for "gae" (the critic's targets), else None.
+
+    With ``kl_coef > 0`` the per-token KL estimate ``token_kl`` is subtracted from the reward:
+    token by token for "reinforce_pp" and "gae", summed over the completion for the
+    sequence-level estimators. ``scale`` applies to "grpo", "rloo" and "remax".
+    """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {ADVANTAGE_ESTIMATORS}")
+    tok = token_level_rewards(rewards, mask, token_kl, kl_coef)
+    seq = tok.sum(dim=1) if (token_kl is not None and kl_coef) else rewards.to(tok.dtype)
+    if estimator == "grpo":
+        return group_normalized_advantages(seq, group_index, scale=scale, eps=eps), None
+    if estimator == "rloo":
+        return leave_one_out_advantages(seq, group_index, scale=scale, eps=eps), None
+    if estimator == "remax":
+        if baseline_rewards is None:
+            raise ValueError("the remax estimator needs baseline_rewards (the greedy completions' rewards)")
+        adv = greedy_baseline_advantages(seq, group_index, baseline_rewards)
+        if scale not in ("none", False):
+            r = seq.detach().to(torch.float64)
+            g, count, _, _ = _group_stats(r, group_index)
+            adv = _scale_by_std(adv.to(torch.float64), r, g, count, scale, eps).to(adv.dtype)
+        return adv, None
+    if estimator == "reinforce_pp":
+        return reinforce_pp_advantages(tok, mask, gamma=gamma), None
+    if estimator == "reinforce_pp_baseline":
+        return reinforce_pp_advantages(tok, mask, gamma=gamma, group_index=group_index), None
+    if estimator == "passk":
+        if correct is None:
+            raise ValueError("the passk estimator needs per-sample correctness")
+        return passk_advantages(correct, group_index, passk_k, eps=eps), None
+    if values is None:
+        raise ValueError("the gae estimator needs critic values")
+    adv, returns = gae_advantages(tok, values, mask, gamma=gamma, lam=lam)
+    if whiten:
+        adv = masked_whiten(adv, mask)
+    return adv, returns

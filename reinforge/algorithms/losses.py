@@ -11,7 +11,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["clipped_surrogate_loss", "kl_penalty", "KL_ESTIMATORS"]
+__all__ = [
+    "clipped_surrogate_loss",
+    "gspo_loss",
+    "cispo_loss",
+    "reinforce_loss",
+    "policy_loss",
+    "POLICY_LOSSES",
+    "value_loss",
+    "kl_penalty",
+    "KL_ESTIMATORS",
+    "entropy_from_logits",
+    "truncated_importance_weights",
+    "COV_PENALTIES",
+    "covariance_token_selection",
+]
 
 # exp(20) ~ 4.9e8: far beyond any ratio a clipped objective lets through, far below overflow.
 _LOG_RATIO_CLAMP = 20.0
@@ -39,6 +53,7 @@ def clipped_surrogate_loss(
     *,
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate objective, per token, as a loss to minimise.
 
@@ -51,12 +66,19 @@ def clipped_surrogate_loss(
 
     The log-ratio is clamped to [-20, 20] before ``exp``, and set to 0 on padding.
 
+    Dual clip ("Mastering Complex Control in MOBA Games with Deep Reinforcement Learning", Ye et
+    al., 2020, arXiv:1912.09729), ``dual_clip=c > 1``: for negative advantages the loss is capped
+    at ``-c * A_t``, so a token whose ratio has exploded cannot dominate the update::
+
+        loss_t = min(loss_t, -c * A_t)   where A_t < 0
+
     Args:
         logprobs: [N, T] log-probs of the sampled tokens under the policy being trained (grad).
         old_logprobs: [N, T] log-probs under the policy that generated the batch (no grad needed).
         advantages: [N] (one per completion, broadcast over its tokens) or [N, T].
         mask: [N, T] bool, True on real completion tokens.
         clip_eps_low, clip_eps_high: the ratio is clipped to [1 - eps_low, 1 + eps_high].
+        dual_clip: the constant c (> 1) of dual clipping, or None.
 
     Returns:
         ``(per_token_loss [N, T], stats)``; the loss is 0 on padding. ``stats`` holds detached
@@ -67,32 +89,282 @@ def clipped_surrogate_loss(
     mask = mask.bool()
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    adv = _token_advantages(advantages, mask, ratio.dtype)
+    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv
+    loss = -torch.minimum(unclipped, clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip * adv), loss)
+    per_token = torch.where(mask, loss, zero)
+    return per_token, _ratio_stats(ratio, mask, clipped < unclipped)
 
+
+def _token_advantages(advantages: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[N] or [N, T] advantages as [N, T] in ``dtype``, 0 on padding."""
     if advantages.dim() == 1:
         if advantages.shape[0] != mask.shape[0]:
             raise ValueError(f"advantages {tuple(advantages.shape)} vs mask {tuple(mask.shape)}")
         advantages = advantages.unsqueeze(1).expand_as(mask)
     elif advantages.shape != mask.shape:
         raise ValueError(f"advantages {tuple(advantages.shape)} vs mask {tuple(mask.shape)}")
-    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-    adv = torch.where(mask, advantages.to(ratio.dtype), zero)
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(mask.bool(), advantages.to(dtype), zero)
 
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv
-    per_token = torch.where(mask, -torch.minimum(unclipped, clipped), zero)
 
+def _ratio_stats(ratio: Tensor, mask: Tensor, clipped: Tensor) -> dict[str, Tensor]:
     with torch.no_grad():
         n = mask.sum()
+        zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
         denom = n.clamp_min(1).to(ratio.dtype)
-        is_clipped = (clipped < unclipped) & mask
         r = ratio.detach()
         masked_max = torch.where(mask, r, torch.full_like(r, -torch.inf)).amax() if n > 0 else zero
-        stats = {
-            "clip_fraction": is_clipped.sum().to(ratio.dtype) / denom,
+        return {
+            "clip_fraction": (clipped & mask).sum().to(ratio.dtype) / denom,
             "ratio_mean": torch.where(mask, r, zero).sum() / denom,
             "ratio_max": masked_max.clone(),
         }
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps_low: float = 3e-4,
+    clip_eps_high: float = 4e-4,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: one importance ratio per sequence, the geometric mean of its token ratios.
+
+    "Group Sequence Policy Optimization", Zheng et al., 2025, arXiv:2507.18071, in its
+    GSPO-token form (identical to GSPO for sequence-level advantages)::
+
+        s_i    = exp( mean_t (logp_t - logp_old_t) )                 over sequence i's real tokens
+        s_i,t  = sg(s_i) * exp(logp_t - sg(logp_t))                  value s_i, gradient s_i * grad logp_t
+        loss_t = -min(s_i,t * A_i,t, clip(s_i,t, 1 - eps_low, 1 + eps_high) * A_i,t)
+
+    Aggregated with ``seq_mean_token_mean`` this is GSPO's objective, whose gradient is
+    ``-(1/G) sum_i s_i A_i mean_t grad logp_t`` for unclipped sequences. Clipping removes whole
+    sequences, not tokens. The paper's ranges are 3e-4 and 4e-4 (the ratio is length-normalised).
+    ``dual_clip`` is not used. Returns ``(per_token [N, T], stats)`` as
+    :func:`clipped_surrogate_loss`.
+    """
+    mask = mask.bool()
+    log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
+    lengths = mask.sum(dim=1).clamp_min(1).to(log_ratio.dtype)
+    seq_log_ratio = (log_ratio.sum(dim=1) / lengths).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    lp = torch.where(mask, logprobs, zero)
+    token_log_ratio = seq_log_ratio.detach()[:, None] + lp - lp.detach()
+    ratio = torch.exp(token_log_ratio)
+    adv = _token_advantages(advantages, mask, ratio.dtype)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv
+    per_token = torch.where(mask, -torch.minimum(unclipped, clipped), zero)
+    return per_token, _ratio_stats(ratio, mask, clipped < unclipped)
+
+
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps_low: float = 1.0,
+    clip_eps_high: float = 0.28,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO: clip the importance weight, not the update, and keep every token's gradient.
+
+    "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention", MiniMax, 2025,
+    arXiv:2506.13585::
+
+        w_t    = sg( clip(exp(logp_t - logp_old_t), 1 - eps_low, 1 + eps_high) )
+        loss_t = -w_t * A_t * logp_t                 gradient: -w_t * A_t * grad logp_t
+
+    Unlike the clipped surrogate, a token whose ratio leaves the range still gets a gradient
+    (scaled by the clipped weight), so rare "fork" tokens are not silenced. The paper imposes no
+    lower bound (``eps_low = 1``: weights clipped at 0) and tunes only ``eps_high``.
+    ``clip_fraction`` counts tokens whose weight was clipped. ``dual_clip`` is not used.
+    """
+    mask = mask.bool()
+    log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask).detach()
+    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    weight = torch.clamp(ratio, max(0.0, 1.0 - clip_eps_low), 1.0 + clip_eps_high)
+    adv = _token_advantages(advantages, mask, logprobs.dtype)
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    lp = torch.where(mask, logprobs, zero)
+    per_token = torch.where(mask, -weight * adv * lp, zero)
+    return per_token, _ratio_stats(ratio, mask, weight != ratio)
+
+
+def reinforce_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps_low: float = 0.0,
+    clip_eps_high: float = 0.0,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Plain REINFORCE, no importance ratio ("Simple statistical gradient-following algorithms
+    for connectionist reinforcement learning", Williams, 1992)::
+
+        loss_t = -A_t * logp_t                        gradient: -A_t * grad logp_t
+
+    Exact only on fresh samples (one epoch, one mini-batch); ``old_logprobs`` and the clip ranges
+    are ignored. Used by RLOO and ReMax.
+    """
+    mask = mask.bool()
+    adv = _token_advantages(advantages, mask, logprobs.dtype)
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    per_token = torch.where(mask, -adv * torch.where(mask, logprobs, zero), zero)
+    one = torch.ones((), dtype=logprobs.dtype)
+    return per_token, {"clip_fraction": zero.detach().clone(), "ratio_mean": one, "ratio_max": one.clone()}
+
+
+POLICY_LOSSES = {
+    "clipped": clipped_surrogate_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+    "reinforce": reinforce_loss,
+}
+
+
+def policy_loss(name: str, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **kw):
+    """Dispatch to one of ``POLICY_LOSSES`` by its config name; same arguments and returns."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; expected one of {tuple(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name](logprobs, old_logprobs, advantages, mask, **kw)
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip_eps: float | None = 0.2
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's critic loss with value clipping, per token (Schulman et al., 2017,
+    arXiv:1707.06347; clipping as in OpenAI baselines)::
+
+        v_clip = v_old + clip(v - v_old, -eps, eps)
+        loss_t = 0.5 * max((v - R)^2, (v_clip - R)^2)
+
+    ``clip_eps=None`` gives the plain squared error. Returns ``(per_token [N, T], stats)`` with
+    ``vf_clip_fraction`` (tokens where the clipped branch is the larger).
+    """
+    mask = mask.bool()
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    err = (values - returns.to(values.dtype)) ** 2
+    if clip_eps is None:
+        loss = 0.5 * err
+        clipped = torch.zeros_like(mask)
+    else:
+        v_clip = old_values.to(values.dtype) + torch.clamp(values - old_values.to(values.dtype), -clip_eps, clip_eps)
+        err_clip = (v_clip - returns.to(values.dtype)) ** 2
+        loss = 0.5 * torch.maximum(err, err_clip)
+        clipped = err_clip > err
+    per_token = torch.where(mask, loss, zero)
+    with torch.no_grad():
+        denom = mask.sum().clamp_min(1).to(values.dtype)
+        stats = {"vf_clip_fraction": (clipped & mask).sum().to(values.dtype) / denom}
     return per_token, stats
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of each position's next-token distribution, ``[..., V] -> [...]``:
+    ``H = logsumexp(l) - sum_v softmax(l)_v * l_v``."""
+    logz = torch.logsumexp(logits, dim=-1)
+    return logz - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+
+
+def truncated_importance_weights(
+    learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance sampling between the generator and the learner.
+
+    The engine that samples (vLLM, or HF generate in another precision) and the learner compute
+    slightly different probabilities for the same tokens, so "on-policy" samples are off-policy.
+    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", Yao et al., 2025
+    (fengyao.notion.site) corrects this with a detached per-token weight::
+
+        w_t = min( exp(logp_learner_t - logp_sampler_t), cap )
+
+    that multiplies the per-token policy loss. Returns ``(weights [N, T] (1 on padding),
+    stats)``: the mismatch's mean and max absolute log-prob difference, the share of tokens whose
+    difference exceeds 0.1 nats, and the share of weights truncated.
+    """
+    if cap <= 0:
+        raise ValueError(f"the truncation cap must be > 0, got {cap}")
+    mask = mask.bool()
+    d = _masked_log_ratio(learner_logprobs.detach().float(), sampler_logprobs.detach().float(), mask)
+    ratio = torch.exp(d.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    weights = torch.where(mask, ratio.clamp(max=cap), torch.ones_like(ratio))
+    n = max(int(mask.sum()), 1)
+    a = d.abs()
+    stats = {
+        "logprob_diff_mean": float(a.sum()) / n,
+        "logprob_diff_max": float(a.max()) if mask.any() else 0.0,
+        "logprob_diff_frac_gt_0.1": float(((a > 0.1) & mask).sum()) / n,
+        "tis_truncated_frac": float(((ratio > cap) & mask).sum()) / n,
+    }
+    return weights, stats
+
+
+COV_PENALTIES = ("none", "clip_cov", "kl_cov")
+
+
+def covariance_token_selection(
+    logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    ratio: float,
+    bounds: tuple[float, float] = (1.0, 5.0),
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """The tokens Clip-Cov or KL-Cov act on, from the covariance of log-prob and advantage.
+
+    "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", Cui et al.,
+    2025, arXiv:2505.22617. Entropy falls fastest through tokens whose log-prob and advantage
+    co-vary strongly. Per real token, with means over all real tokens of the batch::
+
+        cov_t = (logp_t - mean(logp)) * (A_t - mean(A))
+
+    - "clip_cov": among tokens with ``bounds[0] < cov_t < bounds[1]``, pick
+      ``max(1, int(ratio * n_tokens))`` at random (``generator``); their gradient is then dropped.
+    - "kl_cov": the ``max(1, int(ratio * n_tokens))`` tokens with the largest ``cov_t``; they get a
+      penalty ``coef * |logp - logp_old|``.
+
+    Returns [N, T] bool (False on padding and for mode "none").
+    """
+    mask = mask.bool()
+    sel = torch.zeros(mask.shape, dtype=torch.bool)
+    if mode == "none" or not mask.any():
+        return sel
+    if mode not in COV_PENALTIES:
+        raise ValueError(f"unknown covariance penalty {mode!r}; expected one of {COV_PENALTIES}")
+    lp = logprobs.detach().to(torch.float64)
+    adv = _token_advantages(advantages.detach(), mask, torch.float64)
+    n = int(mask.sum())
+    lp_c = lp - lp[mask].mean()
+    adv_c = adv - adv[mask].mean()
+    cov = torch.where(mask, lp_c * adv_c, torch.full_like(lp, -torch.inf))
+    k = max(1, int(ratio * n))
+    flat = cov.flatten()
+    if mode == "kl_cov":
+        idx = torch.topk(flat, min(k, n)).indices
+    else:
+        cand = ((flat > bounds[0]) & (flat < bounds[1])).nonzero().squeeze(1)
+        if len(cand) == 0:
+            return sel
+        perm = torch.randperm(len(cand), generator=generator)[: min(k, len(cand))]
+        idx = cand[perm]
+    sel.view(-1)[idx] = True
+    return sel
 
 
 def kl_penalty(

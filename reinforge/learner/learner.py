@@ -1,7 +1,8 @@
 """One optimisation step on a batch: forward, loss from ``algorithms``, backward, clip, step.
 
 The learner never branches on a recipe's name; what it computes is fixed by the algorithm config's
-components (advantage already in the batch, loss aggregation mode, clip ranges, KL estimator).
+components (advantage already in the batch, policy loss, loss aggregation mode, clip ranges, KL
+and entropy terms, covariance penalty, importance weights in the batch).
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms import aggregate_loss, clipped_surrogate_loss, kl_penalty
+from ..algorithms import (
+    aggregate_loss,
+    covariance_token_selection,
+    entropy_from_logits,
+    kl_penalty,
+    policy_loss,
+)
 from ..batch import RolloutBatch, TrainBatch
 from ..config import AlgorithmConfig, LearnerConfig
 
@@ -185,7 +192,8 @@ class Learner:
             return contextlib.nullcontext()
         return torch.autocast(device_type="cpu", dtype=self.autocast_dtype)
 
-    def _token_logprobs(self, model, mi: _MicroInputs) -> torch.Tensor:
+    def _logits(self, model, mi: _MicroInputs) -> torch.Tensor:
+        """[n, cw, V] float32 logits / temperature predicting each completion token."""
         cw = mi.completion_ids.shape[1]
         with self._autocast():
             if mi.prompt_rows is not None:
@@ -200,10 +208,22 @@ class Learner:
                     logits_to_keep=cw + 1,
                     use_cache=False,
                 ).logits[:, :-1]
-        logits = logits.float() / self.temperature
+        return logits.float() / self.temperature
+
+    def _token_logprobs(self, model, mi: _MicroInputs, *, entropy: str = "none"):
+        """[n, cw] log-probs of the completion tokens (0 on padding). With ``entropy`` "grad" or
+        "detached", also the per-token entropy of the sampling distribution."""
+        logits = self._logits(model, mi)
         picked = logits.gather(2, mi.completion_ids[:, :, None]).squeeze(2)
-        logprobs = picked - torch.logsumexp(logits, dim=-1)
-        return logprobs.masked_fill(~mi.completion_mask, 0.0)
+        logprobs = (picked - torch.logsumexp(logits, dim=-1)).masked_fill(~mi.completion_mask, 0.0)
+        if entropy == "none":
+            return logprobs
+        if entropy == "grad":
+            ent = entropy_from_logits(logits)
+        else:
+            with torch.no_grad():
+                ent = entropy_from_logits(logits.detach())
+        return logprobs, ent.masked_fill(~mi.completion_mask, 0.0)
 
     def _reference(self):
         """The KL reference: an explicit frozen model, or the base model with LoRA adapters off."""
@@ -241,50 +261,80 @@ class Learner:
         """One optimiser step over the whole batch (gradients accumulated over micro-batches with
         whole-batch normalisers, so the result does not depend on the micro-batch split).
 
-        With ``old_logprobs=None`` the batch is on-policy: the ratio's denominator is the current
+        Per micro-batch: log-probs (and entropy) from one forward; the configured policy loss;
+        times the batch's truncated importance weights; Clip-Cov/KL-Cov on the tokens selected
+        from the whole batch; aggregated over ``loss_mask``; plus the KL and entropy terms.
+        With ``old_logprobs=None`` the batch is fresh: the ratio's denominator is the current
         log-prob detached (ratio exactly 1, gradient = policy gradient), saving a forward pass.
         A non-finite loss or gradient norm skips the update and reports ``skipped=1``."""
+        algo = self.algo
         rollout = batch.rollout
-        mask = rollout.completion_mask
-        if self.algo.loss_agg == "token_sum_norm":  # Dr. GRPO: a constant, not the batch's length
+        loss_mask = batch.effective_loss_mask
+        if algo.loss_agg == "token_sum_norm":  # Dr. GRPO: a constant, not the batch's length
             num_tokens = float(len(rollout) * self.max_new_tokens)
         else:
-            num_tokens = float(mask.sum().clamp(min=1))
+            num_tokens = float(loss_mask.sum().clamp(min=1))
         num_sequences = float(len(rollout))
+        agg = dict(num_tokens=num_tokens, num_sequences=num_sequences)
+        # Which tokens Clip-Cov/KL-Cov act on is decided once for the whole batch, so that the
+        # micro-batch split cannot change it.
+        selected = None
+        if algo.cov_penalty != "none":
+            lp_ref = batch.old_logprobs if batch.old_logprobs is not None else rollout.sampler_logprobs
+            selected = covariance_token_selection(
+                lp_ref, batch.advantages, loss_mask, algo.cov_penalty,
+                ratio=algo.cov_ratio, bounds=tuple(algo.cov_bounds),
+            )
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "pg_loss": 0.0, "clip_fraction": 0.0, "ratio_max": 0.0}
-        use_kl = self.algo.kl_coef > 0 and batch.ref_logprobs is not None
+        sums = {"loss": 0.0, "pg_loss": 0.0, "clip_fraction": 0.0, "ratio_max": 0.0, "entropy": 0.0}
+        use_kl = algo.kl_coef > 0 and batch.ref_logprobs is not None
         if use_kl:  # logged only when it is part of the loss
             sums["kl"] = 0.0
+        if selected is not None:
+            sums["cov_selected_frac"] = float(selected.sum()) / max(float(loss_mask.sum()), 1.0)
+        loss_opts = dict(clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip)
         finite = True
         for rows in self._plan(rollout):
             mi = _micro_inputs(rollout, rows, share_prefix=self.share_prefix)
             cw = mi.completion_ids.shape[1]
-            logprobs = self._token_logprobs(self.model, mi)
+            logprobs, ent = self._token_logprobs(
+                self.model, mi, entropy="grad" if algo.entropy_coef > 0 else "detached"
+            )
+            m = loss_mask[rows, :cw] & mi.completion_mask
             old = batch.old_logprobs[rows, :cw] if batch.old_logprobs is not None else logprobs.detach()
             adv = batch.advantages[rows]
-            per_token, stats = clipped_surrogate_loss(
-                logprobs, old, adv, mi.completion_mask,
-                clip_eps_low=self.algo.clip_eps_low, clip_eps_high=self.algo.clip_eps_high,
-            )
-            pg = aggregate_loss(per_token, mi.completion_mask, self.algo.loss_agg,
-                                num_tokens=num_tokens, num_sequences=num_sequences)
+            adv = adv[:, :cw] if adv.dim() == 2 else adv
+            per_token, stats = policy_loss(algo.policy_loss, logprobs, old, adv, m, **loss_opts)
+            if batch.is_weights is not None:
+                per_token = per_token * batch.is_weights[rows, :cw].to(per_token.dtype)
+            if selected is not None:
+                sel = selected[rows, :cw] & m
+                if algo.cov_penalty == "clip_cov":  # selected tokens keep their value, lose their gradient
+                    per_token = torch.where(sel, per_token.detach(), per_token)
+                else:
+                    per_token = per_token + torch.where(
+                        sel, algo.kl_cov_coef * (logprobs - old).abs(), torch.zeros_like(per_token)
+                    )
+            pg = aggregate_loss(per_token, m, algo.loss_agg, **agg)
             loss = pg
+            entropy = aggregate_loss(ent, m, "token_mean", num_tokens=float(loss_mask.sum().clamp(min=1)))
+            if algo.entropy_coef > 0:
+                loss = loss - algo.entropy_coef * entropy
             if use_kl:
-                kl_tok = kl_penalty(logprobs, batch.ref_logprobs[rows, :cw], mi.completion_mask, self.algo.kl_estimator)
-                kl = aggregate_loss(kl_tok, mi.completion_mask, self.algo.loss_agg,
-                                    num_tokens=num_tokens, num_sequences=num_sequences)
-                loss = loss + self.algo.kl_coef * kl
+                kl_tok = kl_penalty(logprobs, batch.ref_logprobs[rows, :cw], m, algo.kl_estimator)
+                kl = aggregate_loss(kl_tok, m, algo.loss_agg, **agg)
+                loss = loss + algo.kl_coef * kl
                 sums["kl"] += float(kl.detach())
             if not torch.isfinite(loss):
                 finite = False
                 break
             loss.backward()
-            n_tok = float(mi.completion_mask.sum())
+            n_tok = float(m.sum())
             sums["loss"] += float(loss.detach())
             sums["pg_loss"] += float(pg.detach())
-            sums["clip_fraction"] += float(stats["clip_fraction"]) * n_tok / num_tokens
+            sums["entropy"] += float(entropy.detach())
+            sums["clip_fraction"] += float(stats["clip_fraction"]) * n_tok / max(float(loss_mask.sum()), 1.0)
             sums["ratio_max"] = max(sums["ratio_max"], float(stats["ratio_max"]))
         grad_norm = float("nan")
         if finite:

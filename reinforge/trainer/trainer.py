@@ -18,13 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import group_normalized_advantages
-from ..batch import TrainBatch
+from ..algorithms import compute_advantages, informative_groups, kl_penalty, truncated_importance_weights
+from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
 from ..evaluation import accuracy_summary, paired_bootstrap_diff
 from ..learner import Learner
+from ..learner.critic import Critic
 from ..models import load_model, load_tokenizer, resolve_model_path
 from ..rewards import build_reward
+from ..rewards.shaping import soft_overlong_penalty
 from ..rollout import HFGenerator, SamplingParams
 from ..tasks import build_task, encode_prompt
 from ..tracking import RunDir
@@ -102,11 +104,25 @@ class Trainer:
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(cfg.model, path=model_path)
         self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+        algo = cfg.algorithm
+        self.uses_reference = algo.kl_coef > 0 or algo.kl_reward_coef > 0
         reference = None
-        if cfg.algorithm.kl_coef > 0 and cfg.model.lora is None:
+        if self.uses_reference and cfg.model.lora is None:
             reference = load_model(cfg.model.model_copy(update={"lora": None}), path=model_path).eval()
             for p in reference.parameters():
                 p.requires_grad_(False)
+        self.critic = None
+        if algo.advantage == "gae":
+            self.critic = Critic(
+                load_model(cfg.model.model_copy(update={"lora": None}), path=model_path), cfg.critic,
+                micro_batch_tokens=cfg.learner.micro_batch_tokens, autocast_dtype=self.autocast_dtype,
+            )
+        # A forward pass for the policy's own log-probs at rollout time is needed whenever the
+        # policy will have moved before a token is trained on, or for the pieces that read them.
+        self.needs_old_logprobs = (
+            algo.epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
+            or algo.cov_penalty != "none" or algo.kl_reward_coef > 0
+        )
         self.generator = HFGenerator(
             self.model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, autocast_dtype=self.autocast_dtype
         )
@@ -134,6 +150,8 @@ class Trainer:
         self.learner.load_trainable_state_dict(data["weights"])
         self.learner.optimizer.load_state_dict(data["optimizer"]["optimizer"])
         self.learner.scheduler.load_state_dict(data["optimizer"]["scheduler"])
+        if self.critic is not None:
+            self.critic.load_checkpoint_state(data["optimizer"]["critic"])
         set_rng_state(data["rng"])
         st = data["state"]
         self.sampler.load(st["sampler"])
@@ -143,13 +161,16 @@ class Trainer:
         log.info("resumed %s from step %d", self.run_dir.path, self.start_step)
 
     def _checkpoint(self, step: int) -> None:
+        optimizer_state = {
+            "optimizer": self.learner.optimizer.state_dict(),
+            "scheduler": self.learner.scheduler.state_dict(),
+        }
+        if self.critic is not None:
+            optimizer_state["critic"] = self.critic.checkpoint_state()
         save_checkpoint(
             self.run_dir.path, step,
             weights=self.learner.trainable_state_dict(),
-            optimizer_state={
-                "optimizer": self.learner.optimizer.state_dict(),
-                "scheduler": self.learner.scheduler.state_dict(),
-            },
+            optimizer_state=optimizer_state,
             trainer_state={"sampler": self.sampler.state(), "nan_streak": self.nan_streak},
             keep=self.cfg.trainer.keep_checkpoints,
         )
@@ -181,11 +202,10 @@ class Trainer:
         return summary
 
     # -- one step ----------------------------------------------------------------------------
-    def train_step(self, step: int) -> dict[str, float]:
+    def _sample_and_score(self, examples: list) -> tuple[RolloutBatch, list, torch.Tensor]:
+        """Generate ``num_samples`` completions per example and score them. Returns the rollout,
+        one RewardOutcome per row, and the rewards with length shaping applied."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        idx = self.sampler.next(cfg.trainer.prompts_per_step)
-        examples = [self.train_examples[i] for i in idx]
         rollout = self.generator.generate(
             [self._encode(e) for e in examples],
             SamplingParams(
@@ -193,29 +213,124 @@ class Trainer:
                 top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
             ),
         )
-        t_gen = time.perf_counter()
-        per_row_examples = [examples[int(g)] for g in rollout.group_index]
-        outcomes = self.reward_fn(rollout.texts, per_row_examples)
+        outcomes = self.reward_fn(rollout.texts, [examples[int(g)] for g in rollout.group_index])
         rewards = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
-        advantages = group_normalized_advantages(
-            rewards, rollout.group_index, scale=cfg.algorithm.scale_rewards
+        if cfg.reward.overlong_buffer > 0:
+            buffer = max(1, round(cfg.reward.overlong_buffer * cfg.rollout.max_new_tokens))
+            rewards = rewards + soft_overlong_penalty(
+                rollout.completion_lengths, cfg.rollout.max_new_tokens, buffer, cfg.reward.overlong_penalty
+            )
+        return rollout, outcomes, rewards
+
+    def _collect(self) -> tuple[RolloutBatch, list, list, torch.Tensor, dict[str, float]]:
+        """The step's rollout: ``prompts_per_step`` groups. With dynamic sampling (DAPO), groups
+        whose rewards are all equal are dropped and more prompts are drawn, up to
+        ``max_sampling_rounds`` rounds; if none is informative by then, the last round is used.
+        Returns (rollout, group examples, row outcomes, row rewards, sampling metrics)."""
+        cfg = self.cfg
+        need = cfg.trainer.prompts_per_step
+        if not cfg.algorithm.dynamic_sampling:
+            examples = [self.train_examples[i] for i in self.sampler.next(need)]
+            rollout, outcomes, rewards = self._sample_and_score(examples)
+            return rollout, examples, outcomes, rewards, {}
+        parts: list[tuple[RolloutBatch, list, list, torch.Tensor]] = []
+        kept = rounds = 0
+        last = None
+        while kept < need and rounds < cfg.algorithm.max_sampling_rounds:
+            rounds += 1
+            examples = [self.train_examples[i] for i in self.sampler.next(need)]
+            rollout, outcomes, rewards = self._sample_and_score(examples)
+            last = (rollout, examples, outcomes, rewards)
+            good = informative_groups(rewards, rollout.group_index).nonzero().squeeze(1)[: need - kept]
+            if len(good):
+                rows = torch.isin(rollout.group_index, good).nonzero().squeeze(1)
+                parts.append((rollout.select(rows), [examples[int(g)] for g in good],
+                              [outcomes[int(r)] for r in rows], rewards[rows]))
+                kept += len(good)
+        info = {"sampling_rounds": float(rounds), "informative_groups": float(kept)}
+        if not parts:
+            return (*last, info)
+        rollout = concat_rollouts([p[0] for p in parts], pad_id=self.generator.pad_id)
+        return (rollout, [e for p in parts for e in p[1]], [o for p in parts for o in p[2]],
+                torch.cat([p[3] for p in parts]), info)
+
+    def _greedy_baseline(self, examples: list) -> torch.Tensor:
+        """[P] rewards of each prompt's greedy completion (ReMax's baseline)."""
+        rollout = self.generator.generate(
+            [self._encode(e) for e in examples],
+            SamplingParams(num_samples=1, max_new_tokens=self.cfg.rollout.max_new_tokens, greedy=True),
         )
-        old = self.learner.compute_logprobs(rollout) if cfg.algorithm.epochs > 1 else None
-        ref = self.learner.compute_logprobs(rollout, reference=True) if cfg.algorithm.kl_coef > 0 else None
-        batch = TrainBatch(rollout=rollout, advantages=advantages, old_logprobs=old, ref_logprobs=ref)
-        stats: dict[str, float] = {}
-        for _ in range(cfg.algorithm.epochs):
-            stats = self.learner.step(batch)
+        return torch.tensor([o.reward for o in self.reward_fn(rollout.texts, examples)], dtype=torch.float32)
+
+    def _mini_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        n = self.cfg.algorithm.mini_batches
+        groups = batch.rollout.group_index
+        if n <= 1:
+            return [batch]
+        chunks = np.array_split(np.arange(batch.rollout.num_groups), min(n, batch.rollout.num_groups))
+        return [batch.select(torch.isin(groups, torch.as_tensor(c)).nonzero().squeeze(1)) for c in chunks]
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg, algo = self.cfg, self.cfg.algorithm
+        t0 = time.perf_counter()
+        rollout, group_examples, outcomes, rewards, extra = self._collect()
+        t_gen = time.perf_counter()
+        per_row_examples = [group_examples[int(g)] for g in rollout.group_index]
+        mask = rollout.completion_mask
+        old = self.learner.compute_logprobs(rollout) if self.needs_old_logprobs else None
+        ref = self.learner.compute_logprobs(rollout, reference=True) if self.uses_reference else None
+        if old is not None:
+            weights, mismatch = truncated_importance_weights(old, rollout.sampler_logprobs, mask, algo.tis_cap or 1.0)
+            extra.update(mismatch)
+            if algo.tis_cap is None:
+                weights = None
+                extra.pop("tis_truncated_frac")
+        else:
+            weights = None
+        token_kl = kl_penalty(old, ref, mask, algo.kl_reward_estimator) if algo.kl_reward_coef > 0 else None
+        values = self.critic.values(rollout) if self.critic is not None else None
+        baseline = self._greedy_baseline(group_examples) if algo.advantage == "remax" else None
+        advantages, returns = compute_advantages(
+            algo.advantage, rewards=rewards, group_index=rollout.group_index, mask=mask,
+            scale=algo.scale_rewards, token_kl=token_kl, kl_coef=algo.kl_reward_coef,
+            baseline_rewards=baseline, values=values,
+            correct=torch.tensor([float(o.correct) for o in outcomes]),
+            gamma=algo.gamma, lam=algo.lam, passk_k=algo.passk_k,
+        )
+        advantages = advantages.float()
+        loss_mask = mask & ~rollout.truncated[:, None] if algo.overlong_filter else None
+        batch = TrainBatch(
+            rollout=rollout, advantages=advantages, old_logprobs=old, ref_logprobs=ref, loss_mask=loss_mask,
+            is_weights=weights, returns=None if returns is None else returns.float(), old_values=values,
+        )
+        updates: list[dict[str, float]] = []
+        critic_only = self.critic is not None and step <= cfg.critic.warmup_steps
+        for _ in range(algo.epochs):
+            for mb in self._mini_batches(batch):
+                stats = {} if critic_only else self.learner.step(mb)
+                if self.critic is not None:
+                    stats = {**stats, **self.critic.step(mb)}
+                updates.append(stats)
+        stats = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]} if updates[0] else {}
+        if "ratio_max" in stats:
+            stats["ratio_max"] = max(u["ratio_max"] for u in updates)
+        if "skipped" in stats:  # the NaN guard counts a step as skipped if any of its updates was
+            stats["skipped"] = max(u["skipped"] for u in updates)
+        else:
+            stats["skipped"] = 0.0
         t_end = time.perf_counter()
 
         lengths = rollout.completion_lengths.float()
         n_tokens = float(lengths.sum())
-        grouped = rewards.view(-1, cfg.rollout.num_samples)
+        grouped_min = torch.full((rollout.num_groups,), torch.inf).scatter_reduce(0, rollout.group_index, rewards, "amin")
+        grouped_max = torch.full((rollout.num_groups,), -torch.inf).scatter_reduce(0, rollout.group_index, rewards, "amax")
+        adv_tok = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
         metrics = {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "accuracy": float(np.mean([o.correct for o in outcomes])),
-            "solve_none_frac": float((grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()),
+            "solve_none_frac": float((grouped_max == grouped_min).float().mean()),
+            "advantage_abs_mean": float(adv_tok[mask].abs().mean()) if mask.any() else 0.0,
             "completion_length": float(lengths.mean()),
             "truncated_frac": float(rollout.truncated.float().mean()),
             "reward_errors": float(sum(len(o.errors) for o in outcomes)),
@@ -225,6 +340,7 @@ class Trainer:
             "time_step": t_end - t0,
             **{f"reward/{k}": float(np.mean([o.components.get(k, 0.0) for o in outcomes]))
                for k in (outcomes[0].components if outcomes else {})},
+            **extra,
             **stats,
         }
         k = min(cfg.trainer.samples_to_log, len(rollout))
@@ -233,8 +349,10 @@ class Trainer:
             for i in range(k):
                 o = outcomes[i]
                 e = per_row_examples[i]
+                a = advantages[i]
                 rows.append({"prompt_id": e.id, "answer": e.answer, "completion": rollout.texts[i],
-                             "reward": o.reward, "correct": o.correct, "advantage": float(advantages[i]),
+                             "reward": float(rewards[i]), "correct": o.correct,
+                             "advantage": float(a if a.dim() == 0 else a[mask[i]].mean() if mask[i].any() else 0.0),
                              "errors": o.errors})
             self.run_dir.log_samples(step, rows)
         return metrics

@@ -1,0 +1,110 @@
+"""PPO's value model: the policy's transformer body with a scalar head, and its own optimiser.
+
+It values the state before each completion token (the same positions whose logits predict the
+completion), is trained on PPO's clipped value loss towards GAE returns, and lives beside the
+policy: separate weights, separate AdamW, saved in the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from ..algorithms import aggregate_loss, value_loss
+from ..batch import RolloutBatch, TrainBatch
+from ..config import CriticConfig
+from .learner import _micro_inputs, plan_micro_batches
+
+
+class Critic(torch.nn.Module):
+    def __init__(self, causal_lm, cfg: CriticConfig, *, micro_batch_tokens: int = 4096,
+                 autocast_dtype: torch.dtype | None = None):
+        super().__init__()
+        # The decoder body of a causal LM loaded from the policy's weights; the LM head is unused.
+        self.body = causal_lm.get_decoder()
+        hidden = causal_lm.config.hidden_size
+        # A zero head starts every value at 0: the first advantages are the plain returns.
+        self.head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+        self.cfg = cfg
+        self.micro_batch_tokens = micro_batch_tokens
+        self.autocast_dtype = autocast_dtype
+        self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.lr)
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cpu", dtype=self.autocast_dtype)
+
+    def _plan(self, rollout: RolloutBatch) -> list[torch.Tensor]:
+        return plan_micro_batches(rollout.prompt_mask.sum(dim=1), rollout.completion_mask.sum(dim=1),
+                                  self.micro_batch_tokens)
+
+    def _values(self, rollout: RolloutBatch, rows: torch.Tensor):
+        mi = _micro_inputs(rollout, rows)
+        cw = mi.completion_ids.shape[1]
+        with self._autocast():
+            hidden = self.body(input_ids=mi.input_ids, attention_mask=mi.attention_mask,
+                               position_ids=mi.position_ids, use_cache=False).last_hidden_state
+        # Position p's state predicts token p+1: the states before the completion tokens are the
+        # last cw+1 positions without the final one.
+        h = hidden[:, -(cw + 1):-1].float()
+        v = self.head(h).squeeze(-1)
+        return v.masked_fill(~mi.completion_mask, 0.0), mi.completion_mask, cw
+
+    @torch.no_grad()
+    def values(self, rollout: RolloutBatch) -> torch.Tensor:
+        """[N, T] value of the state before each completion token; 0 on padding."""
+        out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32)
+        was = self.training
+        self.eval()
+        try:
+            for rows in self._plan(rollout):
+                v, _, cw = self._values(rollout, rows)
+                out[rows, :cw] = v
+        finally:
+            self.train(was)
+        return out
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One AdamW step on the clipped value loss towards ``batch.returns``, token-mean over
+        the batch's loss mask (whole-batch normaliser, exact under micro-batching)."""
+        if batch.returns is None or batch.old_values is None:
+            raise ValueError("the critic's step needs batch.returns and batch.old_values (gae advantages)")
+        rollout = batch.rollout
+        loss_mask = batch.effective_loss_mask
+        n_tok = float(loss_mask.sum().clamp(min=1))
+        self.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total, clip_frac, finite = 0.0, 0.0, True
+        for rows in self._plan(rollout):
+            v, cmask, cw = self._values(rollout, rows)
+            m = loss_mask[rows, :cw] & cmask
+            per_token, stats = value_loss(v, batch.old_values[rows, :cw], batch.returns[rows, :cw], m,
+                                          clip_eps=self.cfg.value_clip)
+            loss = aggregate_loss(per_token, m, "token_mean", num_tokens=n_tok)
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            loss.backward()
+            total += float(loss.detach())
+            clip_frac += float(stats["vf_clip_fraction"]) * float(m.sum()) / n_tok
+        grad_norm = float("nan")
+        if finite:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters(), self.cfg.grad_clip))
+            finite = math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"value_loss": total, "vf_clip_fraction": clip_frac, "critic_grad_norm": grad_norm}
+
+    def checkpoint_state(self) -> dict:
+        return {"weights": {k: v.detach().clone() for k, v in self.state_dict().items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        self.load_state_dict(state["weights"])
+        self.optimizer.load_state_dict(state["optimizer"])
