@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .config import RECIPES, ConfigError, build_config, load_config
+from .config import ConfigError, build_config, load_config
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -30,16 +30,39 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _recipes(args: argparse.Namespace) -> int:
+    """`reinforge recipes`: one line per recipe with its paper; `recipes show NAME`: the paper,
+    notes and the full resolved config the recipe starts from (any key can be overridden)."""
+    import textwrap
+
     import yaml
 
-    if args.name:
-        if args.name not in RECIPES:
-            print(f"unknown recipe {args.name!r}; accepted: {', '.join(sorted(RECIPES))}", file=sys.stderr)
+    from .recipes import RECIPES as RECIPE_INFO
+
+    words = list(args.name or [])
+    if words and words[0] == "show":
+        words = words[1:]
+        if len(words) != 1:
+            print("usage: reinforge recipes show NAME", file=sys.stderr)
             return 2
-        print(yaml.safe_dump(build_config({"recipe": args.name}).to_dict(), sort_keys=False))
+    if words:
+        name = words[0]
+        if name not in RECIPE_INFO:
+            print(f"unknown recipe {name!r}; accepted: {', '.join(sorted(RECIPE_INFO))}", file=sys.stderr)
+            return 2
+        r = RECIPE_INFO[name]
+        print(f"# {r.name}: {r.description}")
+        print(f"# paper: {r.paper.cite()}")
+        for line in textwrap.wrap(r.notes, 96):
+            print(f"# {line}")
+        print("# The full config this recipe starts from; override any key with key=value.")
+        print(yaml.safe_dump(build_config({"recipe": name}).to_dict(), sort_keys=False), end="")
         return 0
-    for name in sorted(RECIPES):
-        print(name)
+    width = max(len(n) for n in RECIPE_INFO)
+    for name in sorted(RECIPE_INFO):
+        r = RECIPE_INFO[name]
+        print(f"{name:<{width}}  {r.description}")
+        print(f"{'':<{width}}  {r.paper.title} ({r.paper.authors}, {r.paper.year}, arXiv:{r.paper.arxiv})")
+    print("\n`reinforge recipes show NAME` prints a recipe's full preset.")
     return 0
 
 
@@ -50,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("config", nargs="?", help="YAML config (omit for the defaults)")
     tr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.steps=20")
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    rc = sub.add_parser("recipes", help="list recipes, or print one preset")
-    rc.add_argument("name", nargs="?")
+    rc = sub.add_parser("recipes", help="list recipes with their papers; `recipes show NAME` prints one preset")
+    rc.add_argument("name", nargs="*", metavar="show NAME")
     args = parser.parse_args(argv)
     # `reinforge train key=value` without a config file: the first positional is an override.
     if args.command == "train" and args.config and "=" in args.config and not Path(args.config).exists():
