@@ -107,12 +107,14 @@ _RECIPE_LIST = [
     Recipe(
         "dapo",
         "Clip-higher (0.2/0.28), token-mean loss, dynamic sampling of informative groups, soft "
-        "overlong punishment, no KL.",
+        "overlong punishment, 4 updates per rollout batch, no KL.",
         _DAPO,
-        {"algorithm": _algo(clip_eps_high=0.28, dynamic_sampling=True),
+        {"algorithm": _algo(clip_eps_high=0.28, dynamic_sampling=True, mini_batches=4),
          "reward": {"overlong_buffer": 0.2, "overlong_penalty": 1.0}},
         "The overlong buffer is the paper's 4096 of 20480 new tokens: the last fifth of "
-        "rollout.max_new_tokens.",
+        "rollout.max_new_tokens. The paper makes 16 updates per rollout batch (512 prompts, "
+        "mini-batches of 32); with a handful of prompts per step we make 4. Clipping only bites "
+        "from the second update on.",
     ),
     Recipe(
         "rloo",
@@ -154,9 +156,10 @@ _RECIPE_LIST = [
         "Clipped, detached importance weights times the log-prob: every token keeps its gradient; "
         "no lower clip, token-mean loss, group advantages.",
         _CISPO,
-        {"algorithm": _algo(policy_loss="cispo", clip_eps_low=1.0, clip_eps_high=0.28)},
+        {"algorithm": _algo(policy_loss="cispo", clip_eps_low=1.0, clip_eps_high=0.28, mini_batches=4)},
         "The paper tunes only the upper bound and publishes no single value; 0.28 follows "
-        "DAPO's clip-higher.",
+        "DAPO's clip-higher. The weights differ from 1 only on off-policy updates, hence 4 "
+        "mini-batches per rollout batch.",
     ),
     Recipe(
         "ppo",
@@ -164,7 +167,8 @@ _RECIPE_LIST = [
         "clipped value loss, no KL, as in Open-Reasoner-Zero's PPO for reasoning.",
         _ORZ,
         {"algorithm": _algo(advantage="gae", gamma=1.0, lam=1.0)},
-        "PPO itself: 'Proximal Policy Optimization Algorithms', Schulman et al., 2017, "
+        "With one update per rollout batch the ratio and value clipping are inactive; raise "
+        "algorithm.mini_batches or epochs for classic multi-update PPO. PPO itself: 'Proximal Policy Optimization Algorithms', Schulman et al., 2017, "
         "arXiv:1707.06347; GAE: Schulman et al., 2015, arXiv:1506.02438.",
     ),
     Recipe(
@@ -186,14 +190,16 @@ _RECIPE_LIST = [
         "GRPO with Clip-Cov: the gradient of a few high-covariance tokens is dropped to slow entropy collapse.",
         _ENTROPY,
         {"algorithm": _algo(cov_penalty="clip_cov", cov_ratio=2e-4, cov_bounds=(1.0, 5.0), mini_batches=2)},
-        "Acts only on updates after the first of a batch (the policy must differ from the sampler).",
+        "The selected tokens lose their gradient in every update. Covariances use the rollout-time "
+        "log-probs (the paper: the current policy's).",
     ),
     Recipe(
         "kl_cov",
         "GRPO with KL-Cov: a |logp - logp_old| penalty on the top high-covariance tokens.",
         _ENTROPY,
         {"algorithm": _algo(cov_penalty="kl_cov", cov_ratio=2e-3, kl_cov_coef=1.0, mini_batches=2)},
-        "Acts only on updates after the first of a batch (the policy must differ from the sampler).",
+        "The penalty is zero on the first, fresh update of a batch (logp = logp_old); it acts from "
+        "the second mini-batch on.",
     ),
 ]
 

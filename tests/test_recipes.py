@@ -107,7 +107,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path, tiny
     for m in metrics:
         assert m["informative_groups"] <= 4
         if m["informative_groups"] == 4:
-            assert m["solve_none_frac"] == 0.0  # no all-equal group reached the update
+            assert m["uniform_group_frac"] == 0.0  # no all-equal group reached the update
 
 
 def test_overlong_filter_leaves_truncated_rows_out_of_the_loss(tiny_model, tiny_tokenizer):

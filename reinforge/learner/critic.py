@@ -20,7 +20,8 @@ from .learner import _micro_inputs, plan_micro_batches
 
 class Critic(torch.nn.Module):
     def __init__(self, causal_lm, cfg: CriticConfig, *, micro_batch_tokens: int = 4096,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, betas: tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0):
         super().__init__()
         # The decoder body of a causal LM loaded from the policy's weights; the LM head is unused.
         self.body = causal_lm.get_decoder()
@@ -32,7 +33,7 @@ class Critic(torch.nn.Module):
         self.cfg = cfg
         self.micro_batch_tokens = micro_batch_tokens
         self.autocast_dtype = autocast_dtype
-        self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.lr)
+        self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.lr, betas=betas, weight_decay=weight_decay)
 
     def _autocast(self):
         if self.autocast_dtype is None:

@@ -231,7 +231,9 @@ class Learner:
             return self.reference_model, contextlib.nullcontext()
         if hasattr(self.model, "disable_adapter"):
             return self.model, self.model.disable_adapter()
-        raise RuntimeError("algorithm.kl_coef > 0 needs a reference model (full fine-tuning) or LoRA")
+        raise RuntimeError(
+            "a KL term (algorithm.kl_coef or kl_reward_coef > 0) needs a reference model (full fine-tuning) or LoRA"
+        )
 
     @torch.no_grad()
     def compute_logprobs(self, rollout: RolloutBatch, *, reference: bool = False) -> torch.Tensor:

@@ -3,6 +3,7 @@ advantages, update, evaluate, checkpoint, log. It is the one place that knows ev
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -21,7 +22,8 @@ import torch
 from ..algorithms import compute_advantages, informative_groups, kl_penalty, truncated_importance_weights
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
-from ..evaluation import accuracy_summary, paired_bootstrap_diff
+from ..evaluation import paired_bootstrap_diff
+from ..evaluation.runner import greedy_heldout_eval
 from ..learner import Learner
 from ..learner.critic import Critic
 from ..models import load_model, load_tokenizer, resolve_model_path
@@ -116,6 +118,7 @@ class Trainer:
             self.critic = Critic(
                 load_model(cfg.model.model_copy(update={"lora": None}), path=model_path), cfg.critic,
                 micro_batch_tokens=cfg.learner.micro_batch_tokens, autocast_dtype=self.autocast_dtype,
+                betas=tuple(cfg.learner.betas), weight_decay=cfg.learner.weight_decay,
             )
         # A forward pass for the policy's own log-probs at rollout time is needed whenever the
         # policy will have moved before a token is trained on, or for the pieces that read them.
@@ -184,27 +187,25 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, step: int) -> dict[str, float]:
         """Greedy answers on the held-out prompts; accuracy counts fully correct answers only."""
-        examples = self.eval_examples
-        rollout = self.generator.generate(
-            [self._encode(e) for e in examples],
-            SamplingParams(num_samples=1, max_new_tokens=self.cfg.rollout.max_new_tokens, greedy=True),
+        summary, per_prompt = greedy_heldout_eval(  # shared with `reinforge eval`
+            self.generator, self.reward_fn, self.eval_examples, self._encode,
+            max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.trainer.seed,
         )
-        outcomes = self.reward_fn(rollout.texts, examples)
-        correct = [float(o.correct) for o in outcomes]
-        rewards = [o.reward for o in outcomes]
-        summary = accuracy_summary(correct, rewards, seed=self.cfg.trainer.seed)
-        summary["completion_length"] = float(rollout.completion_lengths.float().mean())
-        per_prompt = [
-            {"id": e.id, "answer": e.answer, "completion": t, "correct": c, "reward": r}
-            for e, t, c, r in zip(examples, rollout.texts, correct, rewards)
-        ]
         self.run_dir.log_eval(step, summary, per_prompt)
         return summary
 
     # -- one step ----------------------------------------------------------------------------
+    def _shape(self, rewards: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Rewards plus DAPO's soft overlong punishment, when configured."""
+        cfg = self.cfg
+        if cfg.reward.overlong_buffer <= 0:
+            return rewards
+        buffer = max(1, round(cfg.reward.overlong_buffer * cfg.rollout.max_new_tokens))
+        return rewards + soft_overlong_penalty(lengths, cfg.rollout.max_new_tokens, buffer, cfg.reward.overlong_penalty)
+
     def _sample_and_score(self, examples: list) -> tuple[RolloutBatch, list, torch.Tensor]:
         """Generate ``num_samples`` completions per example and score them. Returns the rollout,
-        one RewardOutcome per row, and the rewards with length shaping applied."""
+        one RewardOutcome per row, and the verifiers' rewards (before length shaping)."""
         cfg = self.cfg
         rollout = self.generator.generate(
             [self._encode(e) for e in examples],
@@ -214,25 +215,21 @@ class Trainer:
             ),
         )
         outcomes = self.reward_fn(rollout.texts, [examples[int(g)] for g in rollout.group_index])
-        rewards = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
-        if cfg.reward.overlong_buffer > 0:
-            buffer = max(1, round(cfg.reward.overlong_buffer * cfg.rollout.max_new_tokens))
-            rewards = rewards + soft_overlong_penalty(
-                rollout.completion_lengths, cfg.rollout.max_new_tokens, buffer, cfg.reward.overlong_penalty
-            )
-        return rollout, outcomes, rewards
+        return rollout, outcomes, torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
 
     def _collect(self) -> tuple[RolloutBatch, list, list, torch.Tensor, dict[str, float]]:
         """The step's rollout: ``prompts_per_step`` groups. With dynamic sampling (DAPO), groups
-        whose rewards are all equal are dropped and more prompts are drawn, up to
+        whose verifier rewards are all equal are dropped and more prompts are drawn, up to
         ``max_sampling_rounds`` rounds; if none is informative by then, the last round is used.
-        Returns (rollout, group examples, row outcomes, row rewards, sampling metrics)."""
+        The filter reads the verifiers' rewards before length shaping (for 0/1 rewards: DAPO's
+        accuracy filter), so completions that differ only in length do not make a group count.
+        Returns (rollout, group examples, row outcomes, shaped row rewards, sampling metrics)."""
         cfg = self.cfg
         need = cfg.trainer.prompts_per_step
         if not cfg.algorithm.dynamic_sampling:
             examples = [self.train_examples[i] for i in self.sampler.next(need)]
             rollout, outcomes, rewards = self._sample_and_score(examples)
-            return rollout, examples, outcomes, rewards, {}
+            return rollout, examples, outcomes, self._shape(rewards, rollout.completion_lengths), {}
         parts: list[tuple[RolloutBatch, list, list, torch.Tensor]] = []
         kept = rounds = 0
         last = None
@@ -249,18 +246,22 @@ class Trainer:
                 kept += len(good)
         info = {"sampling_rounds": float(rounds), "informative_groups": float(kept)}
         if not parts:
-            return (*last, info)
-        rollout = concat_rollouts([p[0] for p in parts], pad_id=self.generator.pad_id)
-        return (rollout, [e for p in parts for e in p[1]], [o for p in parts for o in p[2]],
-                torch.cat([p[3] for p in parts]), info)
+            rollout, examples, outcomes, rewards = last
+        else:
+            rollout = concat_rollouts([p[0] for p in parts], pad_id=self.generator.pad_id)
+            examples, outcomes = [e for p in parts for e in p[1]], [o for p in parts for o in p[2]]
+            rewards = torch.cat([p[3] for p in parts])
+        return rollout, examples, outcomes, self._shape(rewards, rollout.completion_lengths), info
 
     def _greedy_baseline(self, examples: list) -> torch.Tensor:
-        """[P] rewards of each prompt's greedy completion (ReMax's baseline)."""
+        """[P] rewards of each prompt's greedy completion (ReMax's baseline), shaped like the
+        samples' rewards."""
         rollout = self.generator.generate(
             [self._encode(e) for e in examples],
             SamplingParams(num_samples=1, max_new_tokens=self.cfg.rollout.max_new_tokens, greedy=True),
         )
-        return torch.tensor([o.reward for o in self.reward_fn(rollout.texts, examples)], dtype=torch.float32)
+        rewards = torch.tensor([o.reward for o in self.reward_fn(rollout.texts, examples)], dtype=torch.float32)
+        return self._shape(rewards, rollout.completion_lengths)
 
     def _mini_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         n = self.cfg.algorithm.mini_batches
@@ -287,7 +288,10 @@ class Trainer:
                 extra.pop("tis_truncated_frac")
         else:
             weights = None
-        token_kl = kl_penalty(old, ref, mask, algo.kl_reward_estimator) if algo.kl_reward_coef > 0 else None
+        token_kl = None
+        if algo.kl_reward_coef > 0:
+            token_kl = kl_penalty(old, ref, mask, algo.kl_reward_estimator)
+            extra["kl_reward"] = float(token_kl[mask].mean()) if mask.any() else 0.0
         values = self.critic.values(rollout) if self.critic is not None else None
         baseline = self._greedy_baseline(group_examples) if algo.advantage == "remax" else None
         advantages, returns = compute_advantages(
@@ -305,8 +309,12 @@ class Trainer:
         )
         updates: list[dict[str, float]] = []
         critic_only = self.critic is not None and step <= cfg.critic.warmup_steps
-        for _ in range(algo.epochs):
-            for mb in self._mini_batches(batch):
+        for epoch in range(algo.epochs):
+            for i, mb in enumerate(self._mini_batches(batch)):
+                if epoch == 0 and i == 0 and mb.old_logprobs is not None:
+                    # The first update sees fresh samples: the current log-probs (detached) are the
+                    # old ones exactly, while a separate forward pass would differ by rounding.
+                    mb = dataclasses.replace(mb, old_logprobs=None)
                 stats = {} if critic_only else self.learner.step(mb)
                 if self.critic is not None:
                     stats = {**stats, **self.critic.step(mb)}
@@ -329,7 +337,7 @@ class Trainer:
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "accuracy": float(np.mean([o.correct for o in outcomes])),
-            "solve_none_frac": float((grouped_max == grouped_min).float().mean()),
+            "uniform_group_frac": float((grouped_max == grouped_min).float().mean()),
             "advantage_abs_mean": float(adv_tok[mask].abs().mean()) if mask.any() else 0.0,
             "completion_length": float(lengths.mean()),
             "truncated_frac": float(rollout.truncated.float().mean()),
