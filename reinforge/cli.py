@@ -1,4 +1,4 @@
-"""`reinforge train / recipes` command line."""
+"""`reinforge train / recipes / eval / sweep / compare / runs / reproduce` command line."""
 
 from __future__ import annotations
 
@@ -75,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     rc = sub.add_parser("recipes", help="list recipes with their papers; `recipes show NAME` prints one preset")
     rc.add_argument("name", nargs="*", metavar="show NAME")
-    args = parser.parse_args(argv)
+    _add_experiment_commands(sub)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # key=value overrides placed after an option (argparse stops a positional list there)
+        if args.command in _EXPERIMENT_COMMANDS and not any(u.startswith("-") for u in unknown):
+            args.items += unknown
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # `reinforge train key=value` without a config file: the first positional is an override.
     if args.command == "train" and args.config and "=" in args.config and not Path(args.config).exists():
         args.overrides.insert(0, args.config)
@@ -86,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command in _EXPERIMENT_COMMANDS:
+            return _EXPERIMENT_COMMANDS[args.command](args)
         return _recipes(args)
     except ConfigError as err:
         print(f"reinforge: {err}", file=sys.stderr)
@@ -93,6 +101,400 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"reinforge: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+
+
+# ----------------------------------------------------------------------------- experiments
+# eval / sweep / compare / runs / reproduce: thin wrappers over reinforge.evaluation and
+# reinforge.tracking (docs/experiments.md).
+
+
+def _set_dotted(tree: dict, dotted: str, value) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for k in parts[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted!r}: {k!r} is not a config section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _split_items(items: list[str]) -> tuple[list[str], list[str]]:
+    """(targets, key=value overrides) from the positional words."""
+    overrides = [i for i in items if "=" in i and not Path(i).exists()]
+    return [i for i in items if i not in overrides], overrides
+
+
+def _eval_raw_config(raw: dict, args: argparse.Namespace, *, model_path: str | None = None) -> dict:
+    """raw config <- --task <- model path; values set as data, never re-parsed from text."""
+    import copy
+
+    raw = copy.deepcopy(raw)
+    if args.task:
+        if Path(args.task).exists():
+            _set_dotted(raw, "task.source", "file")
+            _set_dotted(raw, "task.path", str(args.task))
+        else:
+            _set_dotted(raw, "task.source", "reasoning_gym")
+            _set_dotted(raw, "task.name", args.task)
+    if model_path is not None:
+        _set_dotted(raw, "model.path", model_path)
+    return raw
+
+
+def _model_target(target: str) -> str:
+    """The model.path for a bare-model target, or an error naming what was expected."""
+    from .config import DEFAULT_MODEL
+
+    if target in ("default", DEFAULT_MODEL):
+        return DEFAULT_MODEL
+    p = Path(target)
+    if (p / "config.json").is_file():
+        return str(p)
+    if (p / "adapter_config.json").is_file():
+        raise ConfigError(f"{target!r} holds LoRA adapters, not a whole model: evaluate the run directory it "
+                          "belongs to (its final_model/ is loaded on top of the run's base model)")
+    if p.exists():
+        raise ConfigError(f"{target!r} is neither a run directory (config.yaml) nor a Hugging Face model folder "
+                          "(config.json)")
+    raise ConfigError(f"{target!r} does not exist; pass a run directory, a model folder, or 'default' for the "
+                      "default model")
+
+
+def _resolve_eval_target(target: str, args: argparse.Namespace, overrides: list[str]):
+    """(config, ModelSource, RunDir or None) for `reinforge eval TARGET`."""
+    from .evaluation.runner import ModelSource
+    from .tracking import RunDir
+
+    never_export = ["tracking.exporters=[]"]
+    p = Path(target)
+    if (p / "config.yaml").is_file():
+        rd = RunDir.open(p)
+        if args.config:
+            raise ConfigError("--config is for a bare model; a run is evaluated with its own saved config "
+                              "(change keys with key=value)")
+        if rd.kind == "eval":  # an eval directory: evaluate its model again
+            cfg = build_config(_eval_raw_config(rd.load_config(), args), overrides + never_export)
+            return cfg, ModelSource.base(cfg.model.path), rd
+        changed = [o.split("=", 1)[0] for o in overrides if o.startswith(("task.", "reward."))]
+        if args.task or changed:
+            logging.getLogger("reinforge").warning(
+                "evaluating run %s on a task/reward other than its own (%s)", rd.path,
+                ", ".join(changed + (["--task"] if args.task else [])))
+        cfg = build_config(_eval_raw_config(rd.load_config(), args), overrides + never_export)
+        return cfg, ModelSource.from_run(rd, cfg, args.checkpoint), rd
+    if args.checkpoint:
+        raise ConfigError("--checkpoint needs a run directory as the target")
+    model_path = _model_target(target)
+    raw: dict = {}
+    if args.config:
+        raw = load_config(args.config).to_dict()
+    cfg = build_config(_eval_raw_config(raw, args, model_path=model_path), overrides + never_export)
+    return cfg, ModelSource.base(model_path), None
+
+
+def _sampling(args: argparse.Namespace, cfg) -> dict:
+    return {
+        "samples": int(args.samples),
+        "temperature": float(args.temperature if args.temperature is not None else cfg.rollout.temperature),
+        "top_p": float(args.top_p if args.top_p is not None else cfg.rollout.top_p),
+        "max_new_tokens": int(args.max_new_tokens or cfg.rollout.max_new_tokens),
+        "max_prompts": args.max_prompts if args.max_prompts is not None else cfg.trainer.eval_max_prompts,
+        "seed": int(args.seed if args.seed is not None else cfg.trainer.seed),
+    }
+
+
+def _eval_label(source, params: dict) -> str:
+    label = f"{source.label}_n{params['samples']}_T{params['temperature']:g}"
+    if params["top_p"] < 1:
+        label += f"_p{params['top_p']:g}"
+    if params["max_prompts"] is not None:
+        label += f"_m{params['max_prompts']}"
+    return label + f"_len{params['max_new_tokens']}_seed{params['seed']}"
+
+
+def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *, policy_cfg=None):
+    """Evaluate ``source`` (cached in ``rd`` when the same evaluation exists); returns (summary, rows, folder)."""
+    import hashlib
+    import json
+
+    import torch
+
+    from .evaluation.report import passk_csv, passk_markdown, plot_passk
+    from .evaluation.runner import build_eval_setup, load_policy, sampled_eval
+    from .tracking import atomic_write_bytes, atomic_write_text
+
+    setup = build_eval_setup(cfg, max_prompts=params["max_prompts"])
+    label = _eval_label(source, params)
+    # Same weights, prompts, task, reward and settings: the stored evaluation is reused.
+    identity = {"params": params, "source": source.to_dict(), "task": cfg.task.model_dump(mode="json"),
+                "reward": cfg.reward.model_dump(mode="json"), "prompts": [e.id for e in setup.examples],
+                "resamples": args.resamples}
+    fingerprint = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+    if label in rd.sampled_eval_labels() and not args.force:
+        summary, rows = rd.read_sampled_eval(label)
+        if summary.get("fingerprint") == fingerprint:
+            print(f"reusing {rd.sampled_eval_dir(label)} (same model, prompts and sampling; --force redoes it)",
+                  file=sys.stderr)
+            return summary, rows, rd.sampled_eval_dir(label)
+    print(f"evaluating {source.describe()}: {len(setup.examples)} prompts x {params['samples']} samples",
+          file=sys.stderr)
+    model, tokenizer = load_policy(policy_cfg or cfg, source)
+    summary, rows = sampled_eval(
+        setup, model, tokenizer, samples=params["samples"], temperature=params["temperature"],
+        top_p=params["top_p"], max_new_tokens=params["max_new_tokens"], seed=params["seed"],
+        generation_batch_size=cfg.rollout.generation_batch_size,
+        autocast_dtype=torch.bfloat16 if cfg.model.dtype == "bfloat16" else None,
+        n_resamples=args.resamples,
+    )
+    summary = {"label": label, "model": source.to_dict(), **params, **summary,
+               "task": cfg.task.model_dump(mode="json"), "reward": cfg.reward.model_dump(mode="json"),
+               "fingerprint": fingerprint}
+    folder = rd.write_sampled_eval(label, summary, rows)
+    title = f"{source.describe()}: pass@k and maj@k"
+    atomic_write_bytes(folder / "passk.png", plot_passk(summary, title=f"{source.label}, {label}"))
+    atomic_write_text(folder / "passk.csv", passk_csv(summary))
+    atomic_write_text(folder / "report.md", passk_markdown(summary, title=title, figure="passk.png"))
+    del model
+    return summary, rows, folder
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .tracking import RunDir
+
+    targets, overrides = _split_items(args.items)
+    if args.boundary:
+        if targets:
+            raise ConfigError(f"with --boundary BASE RUN give no other target (got {targets})")
+        return _eval_boundary(args, overrides)
+    if len(targets) != 1:
+        raise ConfigError("reinforge eval needs one MODEL_OR_RUN: a run directory, a model folder, or 'default'"
+                          + (f" (got {targets})" if targets else ""))
+    cfg, source, rd = _resolve_eval_target(targets[0], args, overrides)
+    params = _sampling(args, cfg)
+    created = rd is None
+    if created:
+        if args.output_dir:
+            cfg.tracking.output_dir = args.output_dir
+        cfg.tracking.run_name = None  # a training run's name from the config file is not this directory's
+        rd = RunDir.create(cfg, name=args.name, kind="eval")
+    try:
+        summary, _, folder = _run_sampled_eval(cfg, source, rd, params, args)
+    except BaseException as err:
+        if created:
+            rd.set_status("failed", reason=f"{type(err).__name__}: {err}")
+        raise
+    if created:
+        rd.set_status("finished")
+    print((folder / "report.md").read_text())
+    print(f"written to {folder}")
+    return 0
+
+
+def _eval_boundary(args: argparse.Namespace, overrides: list[str]) -> int:
+    from .evaluation.boundary import boundary_analysis, boundary_csv, boundary_markdown, plot_boundary
+    from .evaluation.runner import ModelSource
+    from .tracking import RunDir, atomic_write_bytes, atomic_write_json, atomic_write_text
+
+    base_target, run_target = args.boundary
+    if not (Path(run_target) / "config.yaml").is_file():
+        raise ConfigError(f"--boundary BASE RUN: RUN={run_target!r} must be a training run directory")
+    rd = RunDir.open(run_target)
+    if rd.kind != "train":
+        raise ConfigError(f"--boundary BASE RUN: {run_target!r} is an eval directory, not a training run")
+    cfg = build_config(_eval_raw_config(rd.load_config(), args), overrides + ["tracking.exporters=[]"])
+    trained = ModelSource.from_run(rd, cfg, args.checkpoint)
+    base_cfg = None
+    if (Path(base_target) / "config.yaml").is_file():  # another run's final model as the baseline
+        other = RunDir.open(base_target)
+        base_cfg = build_config(other.load_config(), ["tracking.exporters=[]"])
+        base = ModelSource.from_run(other, base_cfg)
+        base.label = f"run-{other.name}-{base.label}"
+    else:
+        base = ModelSource.base(_model_target(base_target))
+    params = _sampling(args, cfg)
+    base_summary, base_rows, base_dir = _run_sampled_eval(cfg, base, rd, params, args, policy_cfg=base_cfg)
+    tr_summary, tr_rows, tr_dir = _run_sampled_eval(cfg, trained, rd, params, args)
+    result = boundary_analysis(base_rows, tr_rows, n_resamples=args.resamples, seed=params["seed"])
+    label = f"{base.label}_vs_{trained.label}_n{params['samples']}"
+    out = rd.boundary_dir(label)
+    base_name, trained_name = base.describe(), trained.describe()
+    atomic_write_bytes(out / "boundary.png", plot_boundary(result, base_name=base.label, trained_name=trained.label))
+    atomic_write_text(out / "boundary.csv", boundary_csv(result))
+    md = boundary_markdown(result, base_name=base_name, trained_name=trained_name, figure="boundary.png")
+    atomic_write_text(out / "boundary.md", md)
+    atomic_write_json(out / "boundary.json", {**result, "base": {**result["base"], "eval": str(base_dir)},
+                                              "trained": {**result["trained"], "eval": str(tr_dir)},
+                                              "sampling": params})
+    print(md)
+    print(f"written to {out}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .tracking import RunDir
+    from .tracking.index import effective_state
+    from .tracking.sweep import load_sweep, plan_sweep, run_sweep
+
+    targets, overrides = _split_items(args.items)
+    if len(targets) != 1 or overrides:
+        raise ConfigError("usage: reinforge sweep SWEEP.yaml [--output-dir DIR] [--plan] (overrides go in the "
+                          "sweep file's 'overrides')")
+    spec = load_sweep(targets[0], output_dir=args.output_dir)
+    runs = plan_sweep(spec)
+    if args.plan:
+        for r in runs:
+            path = spec.output_dir / r.name
+            state = effective_state(RunDir.open(path).status()) if (path / "config.yaml").is_file() else "not started"
+            print(f"{path}  {state}")
+        return 0
+
+    def train(cfg, run_dir):
+        from .trainer import Trainer
+
+        Trainer(cfg, run_dir=run_dir, resume=run_dir is not None).run()
+
+    print(f"sweep {spec.name}: {len(runs)} runs in {spec.output_dir}", file=sys.stderr)
+    outcome = run_sweep(spec, train, echo=lambda m: print(m, file=sys.stderr))
+    print(f"sweep {spec.name}: {len(outcome.finished)} trained, {len(outcome.skipped)} already finished, "
+          f"{len(outcome.failed)} failed" + (", stopped by Ctrl-C" if outcome.interrupted else ""))
+    for name, why in outcome.failed:
+        print(f"  failed: {name}: {why}")
+    if outcome.interrupted or outcome.failed:
+        print(f"run `reinforge sweep {targets[0]}` again to resume")
+        return 1
+    print(f"compare them with: reinforge compare {spec.output_dir}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import time
+
+    from .evaluation.compare import compare_runs
+
+    paths, overrides = _split_items(args.items)
+    if not paths or overrides:
+        raise ConfigError("usage: reinforge compare RUN_OR_SWEEP [RUN_OR_SWEEP ...] [--out DIR]")
+    out = args.out
+    if out is None:
+        one = Path(paths[0])
+        out = (one / "compare") if len(paths) == 1 and not (one / "config.yaml").is_file() else Path(
+            f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    result = compare_runs(paths, out, metric=args.metric, include_unfinished=args.include_unfinished,
+                          ignore=args.ignore or (), split_tasks=args.split_tasks, n_resamples=args.resamples,
+                          seed=args.seed)
+    print((Path(out) / "report.md").read_text())
+    print(f"report, CSV and figures in {out}")
+    for p, why in result.skipped:
+        print(f"left out {p}: {why}", file=sys.stderr)
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from .tracking.index import find_runs, format_runs_table, run_info
+
+    targets, _ = _split_items(args.items)
+    root = Path(targets[0] if targets else "runs")
+    runs = find_runs(root)
+    if not runs:
+        print(f"no runs under {root}")
+        return 0
+    print(format_runs_table([run_info(r, args.metric) for r in runs], root, args.metric))
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from .tracking import RunDir, atomic_write_json, atomic_write_text
+    from .tracking.reproduce import compare_run_dirs, format_repro_report
+    from .trainer import Trainer
+
+    targets, overrides = _split_items(args.items)
+    if len(targets) != 1:
+        raise ConfigError("usage: reinforge reproduce RUN_DIR [key=value ...]")
+    original = RunDir.open(targets[0])
+    if original.kind != "train":
+        raise ConfigError(f"{targets[0]!r} is an eval directory; reproduce re-runs training runs")
+    # Exporters off and no sweep tag: a reproduction is a check, not another seed of the experiment.
+    cfg = build_config(original.load_config(), overrides + ["tracking.exporters=[]", "tracking.sweep=null"])
+    out_dir = Path(args.output_dir) if args.output_dir else original.path.parent / "reproductions"
+    name = args.name
+    if name is None:
+        name, i = f"{original.name}-repro", 2
+        while (out_dir / name).exists():
+            name, i = f"{original.name}-repro{i}", i + 1
+    cfg.tracking.output_dir = str(out_dir)
+    cfg.tracking.run_name = name
+    print(f"reproducing {original.path} as {out_dir / name}", file=sys.stderr)
+    repro = RunDir.create(cfg)
+    repro.set_status("running", reproduces=str(original.path))  # compare leaves reproductions out
+    Trainer(cfg, run_dir=repro).run()
+    report = compare_run_dirs(original, repro)
+    md = format_repro_report(report, original, repro)
+    atomic_write_text(repro.path / "reproduction.md", md)
+    atomic_write_json(repro.path / "reproduction.json", {
+        "original": str(original.path), "matched": report.matched, "steps_compared": report.steps_compared,
+        "first_mismatch_step": report.first_mismatch_step, "ignored_keys": report.ignored_keys,
+        "mismatches": [m.__dict__ for m in report.mismatches], "missing_steps": report.missing_steps,
+        "extra_steps": report.extra_steps, "environment": report.environment,
+    })
+    print(md)
+    return 0 if report.matched else 1
+
+
+_EXPERIMENT_COMMANDS = {"eval": _eval, "sweep": _sweep, "compare": _compare, "runs": _runs, "reproduce": _reproduce}
+
+
+def _add_experiment_commands(sub) -> None:
+    ev = sub.add_parser(
+        "eval", help="pass@k, maj@k and mean reward of a model, run or checkpoint on held-out prompts",
+        description="Evaluate MODEL_OR_RUN (a run directory, a Hugging Face model folder, or 'default') with "
+        "N samples per held-out prompt: mean reward, pass@k (unbiased, Chen et al. 2021) and maj@k for "
+        "k=1..N with 95%% bootstrap intervals over prompts. `--boundary BASE RUN` compares the pass@k curves "
+        "of a base model and a trained run (Yue et al. 2025).")
+    ev.add_argument("items", nargs="*", metavar="MODEL_OR_RUN [key=value ...]")
+    ev.add_argument("--boundary", nargs=2, metavar=("BASE", "RUN"), help="capability-boundary analysis")
+    ev.add_argument("--checkpoint", help="evaluate this checkpoint of the run (step_000010, 10 or latest)")
+    ev.add_argument("--config", help="config file for a bare model (task, reward, sampling)")
+    ev.add_argument("--task", help="reasoning-gym task name, or a data file (sets task.source=file)")
+    ev.add_argument("--samples", type=int, default=8, help="completions per prompt, N (default 8)")
+    ev.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
+    ev.add_argument("--top-p", type=float, help="nucleus sampling (default: rollout.top_p)")
+    ev.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
+    ev.add_argument("--max-prompts", type=int, help="evaluate the first M held-out prompts only")
+    ev.add_argument("--seed", type=int, help="sampling seed (default: trainer.seed)")
+    ev.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    ev.add_argument("--output-dir", help="where a bare model's eval directory is created (default tracking.output_dir)")
+    ev.add_argument("--name", help="name of a bare model's eval directory")
+    ev.add_argument("--force", action="store_true", help="redo an evaluation that exists with the same settings")
+
+    sw = sub.add_parser("sweep", help="run a grid of config overrides x seeds, resumably",
+                        description="Run every grid point x seed of SWEEP.yaml one after another; finished runs "
+                        "are skipped and interrupted ones resumed (docs/experiments.md).")
+    sw.add_argument("items", nargs="*", metavar="SWEEP.yaml")
+    sw.add_argument("--output-dir", help="override the sweep file's output_dir")
+    sw.add_argument("--plan", action="store_true", help="list the runs and their states; train nothing")
+
+    cp = sub.add_parser("compare", help="multi-seed comparison: IQM, intervals, probability of improvement",
+                        description="Group runs by the config keys that differ and report IQM with stratified "
+                        "bootstrap intervals, probability of improvement, learning curves and performance "
+                        "profiles (Agarwal et al. 2021).")
+    cp.add_argument("items", nargs="*", metavar="RUN_OR_SWEEP")
+    cp.add_argument("--out", help="output folder (default: <sweep dir>/compare, or compare-<time>)")
+    cp.add_argument("--metric", default="accuracy", help="held-out metric from evals.jsonl (default accuracy)")
+    cp.add_argument("--include-unfinished", action="store_true", help="also use runs that did not finish")
+    cp.add_argument("--ignore", action="append", metavar="KEY", help="config key that must not define a group")
+    cp.add_argument("--split-tasks", action="store_true", help="make the task a group key instead of a stratum")
+    cp.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    cp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+
+    rn = sub.add_parser("runs", help="list the runs under a folder (default: runs)")
+    rn.add_argument("items", nargs="*", metavar="DIR")
+    rn.add_argument("--metric", default="accuracy", help="held-out metric shown (default accuracy)")
+
+    rp = sub.add_parser("reproduce", help="re-run a recorded run and check its metrics match step by step")
+    rp.add_argument("items", nargs="*", metavar="RUN_DIR [key=value ...]")
+    rp.add_argument("--output-dir", help="where the reproduction goes (default: next to the original)")
+    rp.add_argument("--name", help="name of the reproduction's run directory")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["bootstrap_ci", "paired_bootstrap_diff", "accuracy_summary"]
+__all__ = ["bootstrap_ci", "bootstrap_ci_columns", "paired_bootstrap_diff", "accuracy_summary"]
 
 _CHUNK_ELEMENTS = 1 << 21  # indices per chunk: 2M int64 = 16 MiB (plus the gathered values)
 
@@ -108,6 +108,45 @@ def bootstrap_ci(
     arr = _as_1d(values, "values")
     dist = _bootstrap_distribution([arr], lambda s: _apply_rows(statistic, s), n_resamples, seed)
     return _percentile_interval(dist, confidence)
+
+
+def bootstrap_ci_columns(
+    values: Any,
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int | None = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap intervals of the column means of an (items, columns) matrix.
+
+    The items (rows, e.g. prompts) are resampled jointly for all columns, with the same draws as
+    :func:`bootstrap_ci` for the same n, n_resamples and seed, so column j's interval equals
+    ``bootstrap_ci(values[:, j])`` (up to float rounding). Each resample is a row of counts, and
+    the resampled means are one matrix product. Returns (low, high), one value per column.
+    """
+    _check_params(confidence, n_resamples)
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"values must be a matrix of numbers ({err})") from None
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2 or arr.shape[0] == 0:
+        raise ValueError(f"values must be a non-empty (items, columns) matrix, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("values contain non-finite value(s) (NaN or inf)")
+    n = arr.shape[0]
+    dist = np.empty((int(n_resamples), arr.shape[1]), dtype=np.float64)
+    pos = 0
+    for idx in _index_chunks(n, int(n_resamples), seed):
+        r = idx.shape[0]
+        flat = (idx + (np.arange(r) * n)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=r * n).reshape(r, n).astype(np.float64)
+        dist[pos : pos + r] = counts @ arr / n
+        pos += r
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(dist, [alpha / 2.0, 1.0 - alpha / 2.0], axis=0)
+    return lo, hi
 
 
 def paired_bootstrap_diff(

@@ -1,5 +1,6 @@
-"""Tracking: the run directory (everything a run produced and needs to be reproduced) and
-crash-safe file writes."""
+"""Tracking: the run directory (everything a run produced and needs to be reproduced), crash-safe
+file writes, the runs index, sweeps, reproduction checks and optional exporters (wandb, MLflow,
+TensorBoard, trackio)."""
 
 from reinforge.tracking.io import (
     append_jsonl,
@@ -10,12 +11,13 @@ from reinforge.tracking.io import (
     read_jsonl,
     rewrite_jsonl,
 )
-from reinforge.tracking.run_dir import RUN_STATES, NotARunDirectoryError, RunDir
+from reinforge.tracking.run_dir import RUN_KINDS, RUN_STATES, NotARunDirectoryError, RunDir
 
 __all__ = [
     "RunDir",
     "NotARunDirectoryError",
     "RUN_STATES",
+    "RUN_KINDS",
     "append_jsonl",
     "append_jsonl_many",
     "atomic_write_bytes",

@@ -12,8 +12,17 @@ Layout (every file written atomically or appended line by line, see :mod:`reinfo
         evals.jsonl          one line per held-out evaluation: {"step", "time", <summary>...}
         evals/step_000010.json   per-prompt details of that evaluation
         checkpoints/         owned by the trainer
+        final_model/         the trained model (save_pretrained), written by the trainer
         learning_curves.png  :meth:`RunDir.plot_curves`
         summary.json, summary.md  :meth:`RunDir.write_summary`
+        exporters.json       ids of the wandb / MLflow / trackio runs this run also logs to
+        tensorboard/         TensorBoard event files (when tracking.exporters has tensorboard)
+        sampled_evals/<label>/   `reinforge eval`: N samples per held-out prompt, pass@k, maj@k
+        boundary/<label>/    `reinforge eval --boundary`: base vs trained pass@k curves
+
+``status.json`` has ``"kind": "eval"`` for a directory made by ``reinforge eval`` on a bare model
+(no training); other directories are training runs. Training runs made by ``reinforge sweep``
+carry ``tracking.sweep`` in their config.
 
 Every report and comparison is computed from these files alone, so a run directory can be copied
 to another machine and compared later.
@@ -25,6 +34,7 @@ import datetime as _dt
 import importlib.metadata
 import io as _io
 import json
+import logging
 import math
 import os
 import platform
@@ -51,7 +61,9 @@ from reinforge.tracking.io import (
 if TYPE_CHECKING:
     from reinforge.config import RunConfig
 
-__all__ = ["RunDir", "NotARunDirectoryError", "RUN_STATES", "collect_environment"]
+log = logging.getLogger(__name__)
+
+__all__ = ["RunDir", "NotARunDirectoryError", "RUN_STATES", "RUN_KINDS", "collect_environment"]
 
 CONFIG_FILE = "config.yaml"
 ENVIRONMENT_FILE = "environment.json"
@@ -63,6 +75,10 @@ EVALS_FILE = "evals.jsonl"
 EVAL_DETAILS_DIR = "evals"
 CHECKPOINTS_DIR = "checkpoints"
 CURVES_FILE = "learning_curves.png"
+FINAL_MODEL_DIR = "final_model"
+SAMPLED_EVALS_DIR = "sampled_evals"
+BOUNDARY_DIR = "boundary"
+RUN_KINDS = ("train", "eval")
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 
@@ -93,6 +109,13 @@ def _now_iso() -> str:
 
 def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
+
+
+def task_label(task: dict[str, Any]) -> str:
+    """A task's short name: the reasoning-gym dataset name, or the data file's stem."""
+    if task.get("source", "reasoning_gym") == "file" and task.get("path"):
+        return Path(str(task["path"])).stem
+    return str(task.get("name", "task"))
 
 
 def _eval_detail_name(step: int) -> str:
@@ -209,6 +232,10 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        # Exporters (wandb, MLflow, ...) start on the first log call, so opening a run to read
+        # it never contacts a tracking backend; a terminal set_status() finishes them.
+        self._exporters = None
+        self._purge_step: int | None = None
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -224,14 +251,18 @@ class RunDir:
     # -- creation / opening
 
     @classmethod
-    def create(cls, config: "RunConfig", *, name: str | None = None) -> "RunDir":
+    def create(cls, config: "RunConfig", *, name: str | None = None, kind: str = "train") -> "RunDir":
         """Create ``<config.tracking.output_dir>/<name>`` and write config, environment, status.
 
         The name is ``name``, else ``config.tracking.run_name``, else
-        ``<YYYYmmdd-HHMMSS>-<recipe>-<task>``. An existing directory is never reused: a default
-        name gets a ``-2``, ``-3``... suffix; an explicit name that exists and is not empty raises
-        FileExistsError (resume an existing run with :meth:`open`).
+        ``<YYYYmmdd-HHMMSS>-<recipe>-<task>`` (``<YYYYmmdd-HHMMSS>-eval-<model>-<task>`` for
+        ``kind="eval"``, a directory of evaluations of a model that was not trained here). An
+        existing directory is never reused: a default name gets a ``-2``, ``-3``... suffix; an
+        explicit name that exists and is not empty raises FileExistsError (resume an existing
+        run with :meth:`open`).
         """
+        if kind not in RUN_KINDS:
+            raise ValueError(f"unknown run kind {kind!r}; accepted: {', '.join(RUN_KINDS)}")
         output_dir = Path(config.tracking.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         explicit = name if name is not None else config.tracking.run_name
@@ -249,7 +280,8 @@ class RunDir:
                     ) from None
         else:
             stamp = time.strftime("%Y%m%d-%H%M%S")
-            base = _safe_name(f"{stamp}-{config.recipe}-{config.task.name}")
+            what = config.recipe if kind == "train" else f"eval-{Path(config.model.path).name}"
+            base = _safe_name(f"{stamp}-{what}-{task_label(config.task.model_dump())}")
             suffix = 1
             while True:
                 path = output_dir / (base if suffix == 1 else f"{base}-{suffix}")
@@ -274,7 +306,7 @@ class RunDir:
         atomic_write_json(
             path / STATUS_FILE,
             {"state": "running", "started": _now_iso(), "pid": os.getpid(),
-             "hostname": socket.gethostname()},
+             "hostname": socket.gethostname(), **({"kind": kind} if kind != "train" else {})},
         )
         return run
 
@@ -333,6 +365,30 @@ class RunDir:
         else:
             status["ended"] = status["updated"]
         atomic_write_json(self.path / STATUS_FILE, status)
+        if state != "running" and self._exporters is not None:
+            self._exporters.finish(state)
+            self._exporters = None
+
+    @property
+    def kind(self) -> str:
+        """"train" for a training run, "eval" for a directory of evaluations of a bare model."""
+        return self.status().get("kind", "train")
+
+    # -- exporters
+
+    def _export(self, metrics: dict[str, Any], step: int) -> None:
+        if self._exporters is None:
+            from reinforge.tracking.exporters import ExporterSet, build_exporters
+
+            try:
+                config = self.load_config()
+            except (OSError, ValueError) as err:  # unreadable config: log to the files only
+                log.warning("%s: cannot read the tracking config (%s); no exporters", self.path, err)
+                self._exporters = ExporterSet([])
+            else:
+                self._exporters = build_exporters(self.path, config, purge_step=self._purge_step)
+        if self._exporters:
+            self._exporters.log(metrics, step)
 
     # -- logging
 
@@ -346,6 +402,7 @@ class RunDir:
         """Append ``{"step", "time", **metrics}`` to metrics.jsonl."""
         self._check_reserved(metrics, ("step", "time"), "metrics")
         append_jsonl(self.path / METRICS_FILE, {"step": int(step), "time": time.time(), **metrics})
+        self._export(metrics, step)
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         """Append sampled completions (one line per row, each with ``"step"``) to samples.jsonl."""
@@ -361,6 +418,7 @@ class RunDir:
             self.path / EVAL_DETAILS_DIR / _eval_detail_name(step), list(per_prompt), indent=None
         )
         append_jsonl(self.path / EVALS_FILE, {"step": int(step), "time": time.time(), **summary})
+        self._export({f"eval/{k}": v for k, v in summary.items()}, step)
 
     # -- reading
 
@@ -398,6 +456,7 @@ class RunDir:
         samples and evals, and eval detail files), so a run resumed from the checkpoint of
         ``step`` never has duplicate or orphan steps. Records without a step are kept."""
         step = int(step)
+        self._purge_step = step + 1  # exporters that can (TensorBoard) drop the later steps too
         for fname in (METRICS_FILE, SAMPLES_FILE, EVALS_FILE):
             p = self.path / fname
             if not p.exists():
@@ -414,6 +473,76 @@ class RunDir:
         for s in self.eval_steps():
             if s > step:
                 (self.path / EVAL_DETAILS_DIR / _eval_detail_name(s)).unlink(missing_ok=True)
+
+    # -- models
+
+    @property
+    def final_model_dir(self) -> Path:
+        return self.path / FINAL_MODEL_DIR
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints (their state.json, written last, exists) as (step, path), sorted."""
+        root = self.checkpoints_dir
+        if not root.is_dir():
+            return []
+        out = []
+        for p in root.iterdir():
+            m = re.fullmatch(r"step_(\d+)", p.name)
+            if m and p.is_dir() and (p / "state.json").is_file():
+                out.append((int(m.group(1)), p))
+        return sorted(out)
+
+    def checkpoint(self, which: str | int) -> tuple[int, Path]:
+        """The checkpoint named ``step_000010``, ``10`` or ``latest``; FileNotFoundError lists
+        the ones that exist."""
+        ckpts = self.checkpoints()
+        if str(which) == "latest":
+            if not ckpts:
+                raise FileNotFoundError(f"run {str(self.path)!r} has no complete checkpoint")
+            return ckpts[-1]
+        m = re.fullmatch(r"(?:step_)?(\d+)", str(which))
+        step = int(m.group(1)) if m else None
+        for s, p in ckpts:
+            if s == step:
+                return s, p
+        have = ", ".join(p.name for _, p in ckpts) or "none"
+        raise FileNotFoundError(
+            f"run {str(self.path)!r} has no checkpoint {which!r}; complete checkpoints: {have} "
+            "(trainer.keep_checkpoints sets how many are kept)"
+        )
+
+    # -- sampled evaluations (reinforge eval)
+
+    def sampled_eval_dir(self, label: str) -> Path:
+        return self.path / SAMPLED_EVALS_DIR / _safe_name(label)
+
+    def sampled_eval_labels(self) -> list[str]:
+        d = self.path / SAMPLED_EVALS_DIR
+        if not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir() if (p / SUMMARY_JSON).is_file())
+
+    def write_sampled_eval(self, label: str, summary: dict, per_prompt: list[dict]) -> Path:
+        """Write ``sampled_evals/<label>/samples.jsonl`` (every prompt's completions) and then
+        ``summary.json`` (its presence marks the evaluation complete); returns the folder."""
+        d = self.sampled_eval_dir(label)
+        rewrite_jsonl(d / SAMPLES_FILE, per_prompt)
+        atomic_write_json(d / SUMMARY_JSON, summary)
+        return d
+
+    def read_sampled_eval(self, label: str) -> tuple[dict, list[dict]]:
+        d = self.sampled_eval_dir(label)
+        try:
+            summary = json.loads((d / SUMMARY_JSON).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"run {str(self.path)!r} has no sampled evaluation {label!r} "
+                f"(it has: {', '.join(self.sampled_eval_labels()) or 'none'})"
+            ) from None
+        return summary, read_jsonl(d / SAMPLES_FILE)
+
+    def boundary_dir(self, label: str) -> Path:
+        return self.path / BOUNDARY_DIR / _safe_name(label)
 
     # -- outputs
 

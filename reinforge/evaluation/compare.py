@@ -1,0 +1,534 @@
+"""Multi-seed comparison of runs (``reinforge compare``), computed from run directories alone.
+
+1. Runs are grouped by the config keys whose values differ between them. Seeds (any key named
+   ``seed``), the ``tracking`` section (names, output folders, exporters) and
+   ``trainer.num_threads`` never define a group; the ``task`` section defines the *strata*
+   (rliable's tasks) rather than groups, unless ``split_tasks`` is set.
+2. Each run is scored by its held-out evaluations (``evals.jsonl``, greedy): the **final** score
+   (last evaluation) and the **best** score (maximum over evaluations after step 0; an optimistic
+   number, since it picks the checkpoint on the same prompts it reports).
+3. Per group: IQM across runs x tasks with stratified bootstrap 95% intervals, the probability of
+   improvement between every pair of groups, learning curves (IQM per evaluation step with interval
+   bands) and performance profiles, as "Deep Reinforcement Learning at the Edge of the Statistical
+   Precipice" (Agarwal et al., 2021, arXiv:2108.13264) recommends. See
+   :mod:`reinforge.evaluation.aggregate` for the statistics.
+
+Outputs (in ``out_dir``): ``report.md``, ``groups.csv``, ``runs.csv``, ``improvement.csv``,
+``curves.csv``, ``profiles.csv``, ``aggregates.png``, ``improvement.png``,
+``learning_curves.png``, ``performance_profile.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reinforge.evaluation.aggregate import iqm, interval_estimate, mean, performance_profile, poi_interval
+from reinforge.evaluation.report import csv_text, fmt_ci, markdown_table, png_bytes
+from reinforge.tracking.index import effective_state, find_runs
+from reinforge.tracking.io import atomic_write_bytes, atomic_write_text
+from reinforge.tracking.run_dir import RunDir, task_label
+
+__all__ = ["flatten_config", "RunScores", "collect_runs", "group_runs", "compare_runs", "CompareResult",
+           "is_ignored_key"]
+
+ALWAYS_IGNORED = ("trainer.num_threads",)
+
+
+def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted keys -> canonical JSON of the value (lists and empty dicts stay whole values)."""
+    out: dict[str, str] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten_config(v, key + "."))
+        else:
+            out[key] = json.dumps(v, sort_keys=True, default=str)
+    return out
+
+
+def is_ignored_key(key: str, extra: Sequence[str] = ()) -> bool:
+    """Keys that never define a group: seeds, the tracking section, thread counts, and any key
+    equal to, or under, one of ``extra``."""
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf in ("seed", "seeds") or key.startswith("tracking.") or key in ALWAYS_IGNORED:
+        return True
+    return any(key == e or key.startswith(e + ".") for e in extra)
+
+
+def _is_task_key(key: str) -> bool:
+    return key.startswith("task.")
+
+
+@dataclass
+class RunScores:
+    """One run's held-out scores: ``steps``/``scores`` per evaluation, final and best."""
+
+    run: RunDir
+    state: str
+    config: dict[str, Any]
+    flat: dict[str, str]
+    steps: list[int]
+    scores: list[float]
+    group: str = ""
+    task: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def seed(self) -> Any:
+        return (self.config.get("trainer") or {}).get("seed")
+
+    @property
+    def final(self) -> float:
+        return self.scores[-1]
+
+    @property
+    def final_step(self) -> int:
+        return self.steps[-1]
+
+    def _best_idx(self) -> int:
+        idx = [i for i, s in enumerate(self.steps) if s > 0] or list(range(len(self.steps)))
+        return max(idx, key=lambda i: (self.scores[i], -self.steps[i]))
+
+    @property
+    def best(self) -> float:
+        return self.scores[self._best_idx()]
+
+    @property
+    def best_step(self) -> int:
+        return self.steps[self._best_idx()]
+
+    def score_at(self, step: int) -> float | None:
+        for s, v in zip(self.steps, self.scores):
+            if s == step:
+                return v
+        return None
+
+
+def collect_runs(
+    paths: Sequence[str | os.PathLike], *, metric: str = "accuracy", include_unfinished: bool = False
+) -> tuple[list[RunScores], list[tuple[str, str]]]:
+    """Training runs found at or under ``paths`` with their held-out ``metric`` per evaluation.
+    Returns (runs, skipped) where skipped lists (run path, reason)."""
+    runs: list[RunDir] = []
+    for p in paths:
+        p = Path(p)
+        found = [RunDir.open(p)] if (p / "config.yaml").is_file() else find_runs(p)
+        if not found:
+            raise FileNotFoundError(f"no run directories (folders with config.yaml) found under {str(p)!r}")
+        runs += found
+    seen: set[Path] = set()
+    out: list[RunScores] = []
+    skipped: list[tuple[str, str]] = []
+    for rd in runs:
+        key = rd.path.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        status = rd.status()
+        if status.get("kind", "train") != "train":
+            continue  # an eval directory of a bare model: not a training run
+        if status.get("reproduces"):
+            skipped.append((str(rd.path), f"a reproduction of {status['reproduces']}"))
+            continue
+        state = effective_state(status)
+        if state != "finished" and not include_unfinished:
+            skipped.append((str(rd.path), f"state {state} (pass --include-unfinished to use its last evaluation)"))
+            continue
+        evals = [e for e in rd.read_evals()
+                 if isinstance(e.get(metric), (int, float)) and math.isfinite(e[metric]) and "step" in e]
+        if not evals:
+            skipped.append((str(rd.path), f"no held-out evaluation with {metric!r} in evals.jsonl"))
+            continue
+        by_step = {int(e["step"]): float(e[metric]) for e in evals}  # a re-run step keeps its last value
+        steps = sorted(by_step)
+        cfg = rd.load_config()
+        out.append(RunScores(run=rd, state=state, config=cfg, flat=flatten_config(cfg), steps=steps,
+                             scores=[by_step[s] for s in steps]))
+    return out, skipped
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    leaves = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (leaf if leaves.count(leaf) == 1 else k) for k, leaf in zip(keys, leaves)}
+
+
+def _display(value_json: str) -> str:
+    v = json.loads(value_json)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v
+    return json.dumps(v)
+
+
+def group_runs(
+    runs: list[RunScores], *, ignore: Sequence[str] = (), split_tasks: bool = False
+) -> tuple[list[str], dict[str, list[RunScores]]]:
+    """Assign each run its group label and task (stratum); returns (group keys, groups by label
+    in a stable order). A key absent from some configs counts as differing (older runs)."""
+    all_keys = sorted(set().union(*(r.flat.keys() for r in runs))) if runs else []
+    differing = [k for k in all_keys if len({r.flat.get(k, "<absent>") for r in runs}) > 1]
+    group_keys = [k for k in differing if not is_ignored_key(k, ignore) and (split_tasks or not _is_task_key(k))]
+    task_keys = [] if split_tasks else [k for k in differing if _is_task_key(k) and not is_ignored_key(k, ignore)]
+    short = _short_names(group_keys)
+    groups: dict[str, list[RunScores]] = {}
+    for r in runs:
+        parts = [f"{short[k]}={_display(r.flat.get(k, 'null'))}" for k in group_keys]
+        r.group = ", ".join(parts) if parts else "all runs"
+        task_name = task_label(r.config.get("task") or {})
+        extra = [f"{k[5:]}={_display(r.flat.get(k, 'null'))}" for k in task_keys if k != "task.name"]
+        r.task = task_name + (f" ({', '.join(extra)})" if extra else "")
+        groups.setdefault(r.group, []).append(r)
+    ordered = dict(sorted(groups.items(), key=lambda kv: kv[0]))
+    return group_keys, ordered
+
+
+def _strata(runs: list[RunScores], tasks: list[str], value) -> list[np.ndarray]:
+    return [np.array([value(r) for r in runs if r.task == t], dtype=np.float64) for t in tasks]
+
+
+@dataclass
+class CompareResult:
+    out_dir: Path
+    group_keys: list[str]
+    groups: dict[str, list[RunScores]]
+    tasks: list[str]
+    stats: dict[str, dict[str, Any]]
+    improvement: list[dict[str, Any]]
+    curves: dict[str, list[dict[str, Any]]]
+    profiles: dict[str, dict[str, Any]]
+    skipped: list[tuple[str, str]]
+    files: list[Path] = field(default_factory=list)
+
+
+def compare_runs(
+    paths: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    *,
+    metric: str = "accuracy",
+    include_unfinished: bool = False,
+    ignore: Sequence[str] = (),
+    split_tasks: bool = False,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> CompareResult:
+    """Group, aggregate and report; see the module docstring. Raises ValueError when no run has a
+    held-out evaluation to compare."""
+    runs, skipped = collect_runs(paths, metric=metric, include_unfinished=include_unfinished)
+    if not runs:
+        reasons = "; ".join(f"{p}: {why}" for p, why in skipped[:5])
+        raise ValueError(f"no finished training runs with held-out evaluations to compare ({reasons})")
+    group_keys, groups = group_runs(runs, ignore=ignore, split_tasks=split_tasks)
+    tasks = sorted({r.task for r in runs})
+    boot = dict(confidence=confidence, n_resamples=n_resamples, seed=seed)
+
+    stats: dict[str, dict[str, Any]] = {}
+    for label, members in groups.items():
+        g_tasks = [t for t in tasks if any(r.task == t for r in members)]
+        entry: dict[str, Any] = {"n_runs": len(members), "tasks": g_tasks,
+                                 "seeds": sorted({str(r.seed) for r in members})}
+        for which, fn in (("final", lambda r: r.final), ("best", lambda r: r.best)):
+            strata = _strata(members, g_tasks, fn)
+            entry[which] = interval_estimate(strata, iqm, **boot)
+            entry[f"{which}_mean"] = interval_estimate(strata, mean, **boot)
+        stats[label] = entry
+
+    improvement: list[dict[str, Any]] = []
+    labels = list(groups)
+    for i, x in enumerate(labels):
+        for y in labels[i + 1:]:
+            common = [t for t in tasks if any(r.task == t for r in groups[x]) and any(r.task == t for r in groups[y])]
+            if not common:
+                continue
+            for which, fn in (("final", lambda r: r.final), ("best", lambda r: r.best)):
+                res = poi_interval(_strata(groups[x], common, fn), _strata(groups[y], common, fn), **boot)
+                improvement.append({"x": x, "y": y, "score": which, "tasks": len(common), **res})
+
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for label, members in groups.items():
+        common_steps = sorted(set.intersection(*(set(r.steps) for r in members)))
+        g_tasks = stats[label]["tasks"]
+        rows = []
+        for step in common_steps:
+            strata = _strata(members, g_tasks, lambda r, s=step: r.score_at(s))
+            rows.append({"step": step, **interval_estimate(strata, iqm, **boot)})
+        curves[label] = rows
+
+    all_final = np.array([r.final for r in runs])
+    lo_t, hi_t = (0.0, 1.0) if metric == "accuracy" else (float(all_final.min()), float(all_final.max()))
+    if hi_t <= lo_t:
+        hi_t = lo_t + 1.0
+    taus = np.linspace(lo_t, hi_t, 101)
+    profiles = {}
+    for label, members in groups.items():
+        prof = performance_profile(_strata(members, stats[label]["tasks"], lambda r: r.final), taus, **boot)
+        profiles[label] = {k: v.tolist() for k, v in prof.items()}
+
+    result = CompareResult(out_dir=Path(out_dir), group_keys=group_keys, groups=groups, tasks=tasks, stats=stats,
+                           improvement=improvement, curves=curves, profiles=profiles, skipped=skipped)
+    _write_outputs(result, metric=metric, confidence=confidence, n_resamples=n_resamples, paths=paths)
+    return result
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def _group_ids(result: CompareResult) -> dict[str, str]:
+    """Short ids G1, G2, ... for figures and wide tables."""
+    return {label: f"G{i + 1}" for i, label in enumerate(result.groups)}
+
+
+def _legend_labels(result: CompareResult, width: int = 36) -> dict[str, str]:
+    """"G1: lr=0.003" for figure legends and axes, cut to ``width`` characters."""
+    out = {}
+    for label, gid in _group_ids(result).items():
+        text = f"{gid}: {label}"
+        out[label] = text if len(text) <= width else text[: width - 3] + "..."
+    return out
+
+
+def _write(result: CompareResult, name: str, data: str | bytes) -> None:
+    path = result.out_dir / name
+    if isinstance(data, bytes):
+        atomic_write_bytes(path, data)
+    else:
+        atomic_write_text(path, data)
+    result.files.append(path)
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def _plot_aggregates(result: CompareResult, metric: str) -> bytes:
+    labels = list(result.groups)
+    fig = _figure(9.0, 1.2 + 0.45 * len(labels))
+    axes = fig.subplots(1, 2, sharey=True)
+    colors = _colors(len(labels))
+    for ax, which in zip(axes, ("final", "best")):
+        for i, label in enumerate(labels):
+            s = result.stats[label][which]
+            ax.errorbar([s["value"]], [i], xerr=[[s["value"] - s["ci_low"]], [s["ci_high"] - s["value"]]],
+                        fmt="o", color=colors[i], capsize=4, markersize=6)
+        ax.set_title(f"{which} held-out {metric} (IQM, 95% CI)", fontsize="medium")
+        ax.grid(alpha=0.3, axis="x")
+        ax.set_xlabel(metric)
+    axes[0].set_yticks(range(len(labels)))
+    names = _legend_labels(result)
+    axes[0].set_yticklabels([names[lab] for lab in labels])
+    axes[0].invert_yaxis()
+    left = min(0.45, 0.1 + 0.0085 * max(len(n) for n in names.values()))
+    fig.subplots_adjust(left=left, right=0.98, bottom=0.6 / fig.get_figheight(), top=1 - 0.4 / fig.get_figheight(),
+                        wspace=0.08)
+    return png_bytes(fig)
+
+
+def _plot_improvement(result: CompareResult) -> bytes:
+    ids = _group_ids(result)
+    rows = [r for r in result.improvement if r["score"] == "final"]
+    fig = _figure(6.4, 1.3 + 0.45 * max(1, len(rows)))
+    ax = fig.add_subplot(1, 1, 1)
+    if not rows:
+        ax.text(0.5, 0.5, "one group: nothing to compare", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for i, r in enumerate(rows):
+        ax.errorbar([r["value"]], [i], xerr=[[r["value"] - r["ci_low"]], [r["ci_high"] - r["value"]]], fmt="o",
+                    color="tab:blue", capsize=4)
+    if rows:
+        ax.axvline(0.5, color="gray", linestyle="--", linewidth=1)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"P({ids[r['x']]} > {ids[r['y']]})" for r in rows])
+        ax.invert_yaxis()
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_xlabel("probability of improvement (final score), 95% CI")
+        ax.grid(alpha=0.3, axis="x")
+    fig.subplots_adjust(left=0.25, right=0.97, bottom=0.6 / fig.get_figheight() + 0.08, top=1 - 0.3 / fig.get_figheight())
+    return png_bytes(fig)
+
+
+def _plot_curves(result: CompareResult, metric: str) -> bytes:
+    from matplotlib.ticker import MaxNLocator
+
+    ids = _legend_labels(result)
+    fig = _figure(6.8, 4.4)
+    ax = fig.add_subplot(1, 1, 1)
+    for color, (label, rows) in zip(_colors(len(result.curves)), result.curves.items()):
+        if not rows:
+            continue
+        x = [r["step"] for r in rows]
+        ax.plot(x, [r["value"] for r in rows], marker="o", markersize=3, color=color, label=ids[label])
+        ax.fill_between(x, [r["ci_low"] for r in rows], [r["ci_high"] for r in rows], color=color, alpha=0.2, linewidth=0)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(f"held-out {metric} (IQM)")
+    ax.set_title("learning curves: IQM across seeds, 95% stratified bootstrap CI", fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.91)
+    return png_bytes(fig)
+
+
+def _plot_profiles(result: CompareResult, metric: str) -> bytes:
+    ids = _legend_labels(result)
+    fig = _figure(6.8, 4.4)
+    ax = fig.add_subplot(1, 1, 1)
+    for color, (label, p) in zip(_colors(len(result.profiles)), result.profiles.items()):
+        ax.plot(p["tau"], p["fraction"], color=color, label=ids[label], drawstyle="steps-post")
+        ax.fill_between(p["tau"], p["ci_low"], p["ci_high"], color=color, alpha=0.2, linewidth=0, step="post")
+    ax.set_xlabel(f"final held-out {metric} threshold tau")
+    ax.set_ylabel("fraction of runs with score > tau")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("performance profile (95% stratified bootstrap CI)", fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.91)
+    return png_bytes(fig)
+
+
+def _write_outputs(result: CompareResult, *, metric: str, confidence: float, n_resamples: int,
+                   paths: Sequence[Any]) -> None:
+    ids = _group_ids(result)
+    labels = list(result.groups)
+    pct = int(round(confidence * 100))
+
+    g_rows = []
+    for label in labels:
+        s = result.stats[label]
+        g_rows.append([ids[label], label, s["n_runs"], len(s["tasks"]), " ".join(s["seeds"]),
+                       s["final"]["value"], s["final"]["ci_low"], s["final"]["ci_high"], s["final_mean"]["value"],
+                       s["best"]["value"], s["best"]["ci_low"], s["best"]["ci_high"], s["best_mean"]["value"]])
+    _write(result, "groups.csv", csv_text(
+        ["id", "group", "n_runs", "n_tasks", "seeds", "final_iqm", "final_ci_low", "final_ci_high", "final_mean",
+         "best_iqm", "best_ci_low", "best_ci_high", "best_mean"], g_rows))
+    r_rows = []
+    for label in labels:
+        for r in result.groups[label]:
+            r_rows.append([str(r.run.path), ids[label], label, r.task, r.seed, r.state, r.final_step, r.final,
+                           r.best_step, r.best])
+    _write(result, "runs.csv", csv_text(
+        ["run", "id", "group", "task", "seed", "state", "final_step", f"final_{metric}", "best_step", f"best_{metric}"],
+        r_rows))
+    _write(result, "improvement.csv", csv_text(
+        ["x", "y", "score", "tasks", "p_x_beats_y", "ci_low", "ci_high"],
+        [[ids[r["x"]], ids[r["y"]], r["score"], r["tasks"], r["value"], r["ci_low"], r["ci_high"]]
+         for r in result.improvement]))
+    _write(result, "curves.csv", csv_text(
+        ["id", "step", "iqm", "ci_low", "ci_high", "n_runs"],
+        [[ids[label], r["step"], r["value"], r["ci_low"], r["ci_high"], r["n_runs"]]
+         for label, rows in result.curves.items() for r in rows]))
+    _write(result, "profiles.csv", csv_text(
+        ["id", "tau", "fraction_above", "ci_low", "ci_high"],
+        [[ids[label], t, f, lo, hi] for label, p in result.profiles.items()
+         for t, f, lo, hi in zip(p["tau"], p["fraction"], p["ci_low"], p["ci_high"])]))
+    _write(result, "aggregates.png", _plot_aggregates(result, metric))
+    _write(result, "improvement.png", _plot_improvement(result))
+    _write(result, "learning_curves.png", _plot_curves(result, metric))
+    _write(result, "performance_profile.png", _plot_profiles(result, metric))
+
+    few = min(s["n_runs"] for s in result.stats.values())
+    lines = [
+        "# Comparison of runs",
+        "",
+        f"{sum(len(m) for m in result.groups.values())} runs in {len(labels)} group(s), from "
+        + ", ".join(f"`{p}`" for p in paths) + f"; written {time.strftime('%Y-%m-%d %H:%M:%S')}.",
+        "",
+        "Runs are grouped by the config keys that differ between them: "
+        + (", ".join(f"`{k}`" for k in result.group_keys) if result.group_keys else "none (one group)")
+        + ". Seeds, the `tracking` section and thread counts never define a group"
+        + (f"; the task defines the strata ({len(result.tasks)} task(s))." if len(result.tasks) > 1 else ".")
+        + f" Score: held-out `{metric}` from the runs' greedy evaluations (evals.jsonl).",
+        "",
+        "## Final and best score per group",
+        "",
+        markdown_table(
+            ["id", "group", "runs", f"final {metric}: IQM [{pct}% CI]", "final mean", f"best {metric}: IQM [{pct}% CI]"],
+            [[ids[lab], lab, result.stats[lab]["n_runs"],
+              fmt_ci(result.stats[lab]["final"]["value"], result.stats[lab]["final"]["ci_low"], result.stats[lab]["final"]["ci_high"]),
+              f"{result.stats[lab]['final_mean']['value']:.3f}",
+              fmt_ci(result.stats[lab]["best"]["value"], result.stats[lab]["best"]["ci_low"], result.stats[lab]["best"]["ci_high"])]
+             for lab in labels], "llrlrl"),
+        "",
+        "![final and best score](aggregates.png)",
+        "",
+        "- **IQM** (interquartile mean): the mean of the middle 50% of run scores; with fewer than 4 runs per "
+        "group it equals the mean. **Intervals**: stratified percentile bootstrap "
+        f"({n_resamples} resamples; seeds resampled within each task). Agarwal et al., 2021, arXiv:2108.13264.",
+        "- **final**: the last evaluation of each run. **best**: each run's best evaluation after step 0; "
+        "it picks the checkpoint on the same prompts it scores, so it is optimistic.",
+    ]
+    if few < 5:
+        lines.append(f"- Only {few} run(s) in the smallest group: bootstrap intervals over so few seeds are "
+                     "rough (they tend to be too narrow). More seeds tighten them.")
+    lines += ["", "## Probability of improvement", ""]
+    finals = [r for r in result.improvement if r["score"] == "final"]
+    if finals:
+        lines += [
+            markdown_table(
+                ["comparison", "P(X > Y), final score", f"{pct}% CI", "best score"],
+                [[f"{ids[r['x']]} vs {ids[r['y']]}", f"{r['value']:.3f}", f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]",
+                  next(f"{b['value']:.3f} [{b['ci_low']:.3f}, {b['ci_high']:.3f}]" for b in result.improvement
+                       if b["score"] == "best" and b["x"] == r["x"] and b["y"] == r["y"])]
+                 for r in finals], "lrll"),
+            "",
+            "![probability of improvement](improvement.png)",
+            "",
+            "P(X > Y): the probability that a random run of X scores higher than a random run of Y on the same "
+            "task (ties count one half), averaged over tasks. 0.5 means no difference; an interval that "
+            "excludes 0.5 is a difference these seeds support.",
+        ]
+    else:
+        lines.append("Only one group: nothing to compare.")
+    lines += [
+        "",
+        "## Learning curves",
+        "",
+        "![learning curves](learning_curves.png)",
+        "",
+        "IQM across the runs of each group at every evaluation step they share, with a 95% stratified "
+        "bootstrap band (curves.csv).",
+        "",
+        "## Performance profiles",
+        "",
+        "![performance profile](performance_profile.png)",
+        "",
+        "For each threshold tau, the fraction of runs whose final score exceeds tau: the whole distribution "
+        "of outcomes across seeds, not one number (profiles.csv). A curve that lies above another everywhere "
+        "is stochastically dominant.",
+        "",
+        "## Runs",
+        "",
+        markdown_table(["run", "id", "task", "seed", "final step", f"final {metric}", f"best {metric} (step)"],
+                       [[r.name, ids[lab], r.task, r.seed, r.final_step, f"{r.final:.3f}", f"{r.best:.3f} ({r.best_step})"]
+                        for lab in labels for r in result.groups[lab]], "lllrrrl"),
+        "",
+    ]
+    if result.skipped:
+        lines += ["Left out:", ""] + [f"- `{p}`: {why}" for p, why in result.skipped] + [""]
+    lines += ["Files: groups.csv, runs.csv, improvement.csv, curves.csv, profiles.csv and the figures above.", ""]
+    _write(result, "report.md", "\n".join(lines))

@@ -1,0 +1,282 @@
+"""Running a model on held-out prompts: the trainer's greedy evaluation and ``reinforge eval``'s
+sampled evaluation (N completions per prompt, pass@k, maj@k) share these functions, so both build
+prompts, generate and score exactly the same way.
+
+The policy to evaluate is a :class:`ModelSource`: a bare model (a local Hugging Face folder or the
+default model), a run's final model, or one of a run's checkpoints. Task and reward come from a
+:class:`~reinforge.config.RunConfig` (a run's saved config, or one built from a file and
+overrides for a bare model).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from reinforge.evaluation.passk import summarize_samples
+from reinforge.evaluation.stats import accuracy_summary
+
+if TYPE_CHECKING:
+    from reinforge.config import RunConfig
+    from reinforge.tasks import Example, Task
+    from reinforge.tracking import RunDir
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ModelSource",
+    "heldout_examples",
+    "generate_and_score",
+    "greedy_heldout_eval",
+    "load_policy",
+    "sampled_eval",
+    "EvalSetup",
+    "build_eval_setup",
+]
+
+
+def heldout_examples(task: "Task", max_prompts: int | None = None) -> list["Example"]:
+    """The task's held-out examples, the first ``max_prompts`` of them when given."""
+    examples = list(task.eval_examples())
+    return examples[:max_prompts] if max_prompts is not None else examples
+
+
+def generate_and_score(generator, reward_fn, examples: Sequence["Example"], encode: Callable, params):
+    """``params.num_samples`` completions per example (rows of one prompt contiguous) and one
+    RewardOutcome per completion; returns (rollout, outcomes)."""
+    rollout = generator.generate([encode(e) for e in examples], params)
+    g = params.num_samples
+    per_row = [examples[i // g] for i in range(len(examples) * g)]
+    return rollout, reward_fn(rollout.texts, per_row)
+
+
+def greedy_heldout_eval(
+    generator, reward_fn, examples: Sequence["Example"], encode: Callable, *, max_new_tokens: int, seed: int
+) -> tuple[dict[str, float], list[dict]]:
+    """Greedy answers on the held-out prompts (the trainer's periodic evaluation). Accuracy counts
+    fully correct answers only. Returns (summary with bootstrap intervals, per-prompt rows)."""
+    from reinforge.rollout import SamplingParams
+
+    rollout, outcomes = generate_and_score(
+        generator, reward_fn, examples, encode,
+        SamplingParams(num_samples=1, max_new_tokens=max_new_tokens, greedy=True),
+    )
+    correct = [float(o.correct) for o in outcomes]
+    rewards = [o.reward for o in outcomes]
+    summary = accuracy_summary(correct, rewards, seed=seed)
+    summary["completion_length"] = float(rollout.completion_lengths.float().mean())
+    per_prompt = [
+        {"id": e.id, "answer": e.answer, "completion": t, "correct": c, "reward": r}
+        for e, t, c, r in zip(examples, rollout.texts, correct, rewards)
+    ]
+    return summary, per_prompt
+
+
+# ----------------------------------------------------------------------------- what to evaluate
+
+
+@dataclass
+class ModelSource:
+    """Which weights to evaluate.
+
+    kind:        "base" (a model folder or the default model, no training), "final" (a run's
+                 final_model), "checkpoint" (one of a run's checkpoints).
+    label:       short name used in file names: "base-<model>", "final", "step_000010".
+    model_path:  the config's model.path value for "base"; the run's base model otherwise.
+    run:         the run directory for "final" and "checkpoint".
+    checkpoint:  the checkpoint folder for "checkpoint".
+    step:        training step of the weights (0 for a base model; None when unknown).
+    """
+
+    kind: str
+    label: str
+    model_path: str
+    run: "RunDir | None" = None
+    checkpoint: Path | None = None
+    step: int | None = None
+
+    def describe(self) -> str:
+        if self.kind == "base":
+            return f"base model {self.model_path}"
+        if self.kind == "final":
+            return f"final model of run {self.run.path}"
+        return f"checkpoint {self.checkpoint.name} of run {self.run.path}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "label": self.label, "model_path": self.model_path,
+            "run": str(self.run.path) if self.run is not None else None,
+            "checkpoint": str(self.checkpoint) if self.checkpoint is not None else None,
+            "step": self.step,
+        }
+
+    @classmethod
+    def base(cls, model_path: str) -> "ModelSource":
+        name = Path(str(model_path)).name or str(model_path)
+        return cls(kind="base", label=f"base-{name}", model_path=str(model_path), step=0)
+
+    @classmethod
+    def from_run(cls, run: "RunDir", config: "RunConfig", checkpoint: str | None = None) -> "ModelSource":
+        """The run's final model, or ``checkpoint`` (``step_000010``, ``10`` or ``latest``).
+        A run without final_model (interrupted) falls back to its latest checkpoint."""
+        if checkpoint is None and not (run.final_model_dir / "config.json").is_file() and not (
+            run.final_model_dir / "adapter_config.json"
+        ).is_file():
+            if not run.checkpoints():
+                raise FileNotFoundError(
+                    f"run {str(run.path)!r} has neither final_model/ nor a complete checkpoint: "
+                    "nothing to evaluate (was it stopped before its first checkpoint?)"
+                )
+            log.warning("run %s has no final_model/ (state %s): evaluating its latest checkpoint",
+                        run.path, run.status().get("state"))
+            checkpoint = "latest"
+        if checkpoint is None:
+            steps = [r["step"] for r in run.read_metrics() if isinstance(r.get("step"), int)]
+            return cls(kind="final", label="final", model_path=config.model.path, run=run,
+                       step=max(steps) if steps else None)
+        step, path = run.checkpoint(checkpoint)
+        return cls(kind="checkpoint", label=path.name, model_path=config.model.path, run=run,
+                   checkpoint=path, step=step)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
+
+
+def load_policy(config: "RunConfig", source: ModelSource):
+    """(model, tokenizer) for ``source``, in eval mode. A LoRA run's final model is its base with
+    the saved adapters; a checkpoint is the base model (with LoRA when the run used it) with the
+    checkpoint's trainable weights copied in by name."""
+    from reinforge.models import load_model, load_tokenizer, resolve_model_path
+
+    cfg_model = config.model.model_copy(update={"gradient_checkpointing": False})
+    base_path = resolve_model_path(source.model_path)
+    tok_path = base_path
+    if source.kind == "base":
+        model = load_model(cfg_model.model_copy(update={"lora": None}), path=base_path)
+    elif source.kind == "final":
+        final = source.run.final_model_dir
+        if (final / "adapter_config.json").is_file():
+            from peft import PeftModel
+
+            base = load_model(cfg_model.model_copy(update={"lora": None}), path=base_path)
+            model = PeftModel.from_pretrained(base, str(final))
+        else:
+            model = load_model(cfg_model.model_copy(update={"lora": None}), path=final)
+        if _has_tokenizer(final):
+            tok_path = final
+    else:
+        from safetensors.torch import load_file
+
+        model = load_model(cfg_model, path=base_path)
+        weights = load_file(str(source.checkpoint / "weights.safetensors"))
+        params = dict(model.named_parameters())
+        unknown = sorted(set(weights) - set(params))
+        if unknown:
+            raise ValueError(
+                f"checkpoint {source.checkpoint} has parameters the model built from the run's config "
+                f"does not have (first: {unknown[0]!r}); was the run's model.path or model.lora changed?"
+            )
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(value)
+    tokenizer = load_tokenizer(tok_path)
+    model.eval()
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------- sampled evaluation
+
+
+@dataclass
+class EvalSetup:
+    """Everything a sampled evaluation needs, built from a config: the held-out examples, the
+    reward function, and the answer format used for majority voting."""
+
+    task: Any
+    examples: list
+    reward_fn: Any
+    answer_format: str
+
+
+def build_eval_setup(config: "RunConfig", *, max_prompts: int | None = None) -> EvalSetup:
+    """Task, held-out examples and reward from ``config`` (cheap: no model is loaded), so a bad
+    task or reward fails before the weights load."""
+    from reinforge.rewards import build_reward
+    from reinforge.tasks import build_task
+
+    task = build_task(config.task)
+    limit = max_prompts if max_prompts is not None else config.trainer.eval_max_prompts
+    examples = heldout_examples(task, limit)
+    if not examples:
+        raise ValueError("the task has no held-out prompts to evaluate (task.eval_size)")
+    return EvalSetup(task=task, examples=examples, reward_fn=build_reward(config.reward, task),
+                     answer_format=config.reward.answer_format)
+
+
+def sampled_eval(
+    setup: EvalSetup,
+    model,
+    tokenizer,
+    *,
+    samples: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    seed: int,
+    generation_batch_size: int = 64,
+    autocast_dtype: torch.dtype | None = None,
+    n_resamples: int = 10_000,
+) -> tuple[dict[str, Any], list[dict]]:
+    """N = ``samples`` completions per held-out prompt, scored; pass@k and maj@k for k = 1..N.
+
+    Sampling is seeded (``torch.manual_seed(seed)`` before generating), so the same model, prompts
+    and seed give the same completions. Returns (summary, per-prompt rows); the rows hold every
+    completion with its extracted answer, correctness and reward.
+    """
+    from reinforge.rewards import extract_answer
+    from reinforge.rollout import HFGenerator, SamplingParams
+    from reinforge.tasks import encode_prompt, normalize_answer
+
+    if samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {samples}")
+    generator = HFGenerator(model, tokenizer, batch_size=generation_batch_size, autocast_dtype=autocast_dtype)
+    torch.manual_seed(seed)
+    params = SamplingParams(num_samples=samples, temperature=temperature, top_p=top_p,
+                            max_new_tokens=max_new_tokens)
+    encode = functools.partial(encode_prompt, tokenizer)
+    rollout, outcomes = generate_and_score(generator, setup.reward_fn, setup.examples, encode, params)
+    lengths = rollout.completion_lengths.tolist()
+    rows = []
+    for i, e in enumerate(setup.examples):
+        sl = slice(i * samples, (i + 1) * samples)
+        texts, outs = rollout.texts[sl], outcomes[sl]
+        answers = []
+        for t in texts:
+            a = extract_answer(t, setup.answer_format)
+            answers.append(normalize_answer(a) if a is not None and a.strip() else None)
+        rows.append({
+            "id": e.id,
+            "answer": e.answer,
+            "completions": texts,
+            "answers": answers,
+            "correct": [float(o.correct) for o in outs],
+            "rewards": [float(o.reward) for o in outs],
+            "lengths": lengths[sl],
+            "truncated": [bool(x) for x in rollout.truncated[sl].tolist()],
+            "errors": [o.errors for o in outs],
+        })
+    summary = summarize_samples(rows, n_resamples=n_resamples, seed=seed)
+    summary.pop("per_prompt_pass")
+    summary.pop("per_prompt_maj")
+    summary["completion_length"] = float(np.mean(lengths)) if lengths else 0.0
+    summary["truncated_frac"] = float(rollout.truncated.float().mean()) if len(lengths) else 0.0
+    summary["reward_errors"] = int(sum(len(o.errors) for o in outcomes))
+    return summary, rows
