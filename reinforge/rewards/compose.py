@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Verifiers that judge whether an answer is right; the others (format) only shape the reward.
-CORRECTNESS_VERIFIERS = frozenset({"task", "math_verify", "exact_match", "python"})
+CORRECTNESS_VERIFIERS = frozenset({"task", "math_verify", "exact_match", "python", "code"})
 
 
 @dataclass
@@ -49,6 +49,10 @@ class RewardFunction:
                        (default: task, math_verify, exact_match).
     correct_threshold: the score that counts as correct for a verifier that gives no verdict.
     timeout_s:         time limit of one verifier call (any thread); over it, the call is an error.
+
+    A verifier with a ``score_batch(completions, examples)`` method (the code verifier, which runs
+    a batch in parallel) is called once per batch instead; it returns one VerifierResult or
+    Exception per sample and bounds its own time.
     """
 
     def __init__(
@@ -81,15 +85,28 @@ class RewardFunction:
     def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardOutcome]:
         if len(completions) != len(examples):
             raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
-        return [self._score_one(c, e) for c, e in zip(completions, examples)]
+        batched: dict[str, list] = {}
+        for key, verifier, _, _ in self._entries:
+            if hasattr(verifier, "score_batch"):
+                try:
+                    batched[key] = list(verifier.score_batch(completions, examples))
+                except Exception as err:  # noqa: BLE001 - every sample gets this error
+                    batched[key] = [err] * len(completions)
+        return [self._score_one(c, e, {k: v[i] for k, v in batched.items()})
+                for i, (c, e) in enumerate(zip(completions, examples))]
 
-    def _score_one(self, completion: str, example: Example) -> RewardOutcome:
+    def _score_one(self, completion: str, example: Example, batched: dict | None = None) -> RewardOutcome:
         reward, correct = 0.0, False
         components: dict[str, float] = {}
         errors: list[str] = []
         for key, verifier, weight, judges in self._entries:
             try:
-                result = call_with_deadline(lambda: verifier(completion, example), self.timeout_s)
+                if batched and key in batched:
+                    result = batched[key]
+                    if isinstance(result, BaseException):
+                        raise result
+                else:
+                    result = call_with_deadline(lambda: verifier(completion, example), self.timeout_s)
                 score = float(result.score)
                 if not math.isfinite(score):
                     raise ValueError(f"non-finite score {score}")
@@ -123,6 +140,8 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "exact_match": ("case_sensitive",),
     "format": (),
     "python": ("function",),
+    "code": ("mode", "partial_credit", "timeout_s", "memory_mb", "max_processes", "max_output_bytes",
+             "isolation", "workers"),
 }
 
 
@@ -146,12 +165,23 @@ def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task
             raise ValueError(f"reward.verifiers[{i}].options.function is required for the python "
                              "verifier, e.g. 'my_rewards:score' or 'rewards.py:score'")
         return PythonVerifier(options["function"])
+    if name == "code":
+        from reinforge.rewards.code import CodeVerifier  # the sandbox probe runs only when asked
+
+        try:
+            return CodeVerifier(task, threshold=cfg.correct_threshold, **options)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"reward.verifiers[{i}].options (code verifier): {err}") from None
     return FormatVerifier(answer_format=fmt)
 
 
 def build_reward(cfg: "RewardConfig", task: Task) -> RewardFunction:
     """The reward function a config describes; bad verifier options fail here, before any model
     loads."""
+    needed = getattr(task, "needs_verifier", None)  # e.g. code tasks: only running code scores them
+    if needed and not any(spec.name == needed for spec in cfg.verifiers):
+        raise ValueError(f"task {task.name} is scored by the {needed!r} verifier; set "
+                         f"reward.verifiers=[{{name: {needed}}}]")
     verifiers = [
         (_make_verifier(spec.name, dict(spec.options), cfg, task, i), spec.weight)
         for i, spec in enumerate(cfg.verifiers)

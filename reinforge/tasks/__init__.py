@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reinforge.tasks.base import Example, PromptFormat, Task, TaskError, build_messages, normalize_answer
+from reinforge.tasks.code_task import CodeProblem, CodeTask
 from reinforge.tasks.file_task import FileTask
 from reinforge.tasks.prompts import encode_prompt
 from reinforge.tasks.reasoning_gym_task import ReasoningGymTask
@@ -13,6 +14,8 @@ if TYPE_CHECKING:
     from reinforge.config import TaskConfig
 
 __all__ = [
+    "CodeProblem",
+    "CodeTask",
     "Example",
     "FileTask",
     "PromptFormat",
@@ -50,4 +53,6 @@ def build_task(cfg: "TaskConfig") -> Task:
             answer_field=cfg.answer_field,
             **common,
         )
-    raise TaskError(f"task.source: unknown source {cfg.source!r}; accepted: reasoning_gym, file")
+    if cfg.source == "code":
+        return CodeTask(cfg.path, name=cfg.name, eval_path=cfg.eval_path, **common)
+    raise TaskError(f"task.source: unknown source {cfg.source!r}; accepted: reasoning_gym, file, code")

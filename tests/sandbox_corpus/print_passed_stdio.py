@@ -1,0 +1,5 @@
+# attack: prints success messages instead of the answer
+# mode: stdio
+# expect: wrong answer
+print("passed")
+print("OK")
