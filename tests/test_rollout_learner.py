@@ -172,3 +172,93 @@ def test_shared_prefix_plan_keeps_groups_together():
         assert len(groups) * int(p[mb].max()) + len(mb) * width_c <= 200 or len(mb) == 1
     # 8 rows of group 1 cost 20 + 8*10 = 100: one micro-batch holds the whole group
     assert any(set(mb.tolist()) >= set(range(8, 16)) for mb in plan)
+
+
+# -- the chunked LM head ------------------------------------------------------------------------
+def _assert_grads_close(got: dict, want: dict, rel: float) -> None:
+    """Gradients equal up to float rounding: every element within ``rel`` of the largest
+    gradient entry of its tensor (summation order differs between the two paths)."""
+    assert got.keys() == want.keys()
+    for name in want:
+        scale = float(want[name].abs().max())
+        err = float((got[name] - want[name]).abs().max())
+        assert err <= rel * scale, f"{name}: max |diff| {err:.3g} vs max |grad| {scale:.3g}"
+
+
+def _logprob_loss_and_grads(model, rollout, *, chunk, share, temperature=0.7):
+    """Log-probs, entropies and the gradients of a loss using both, from one micro-batch."""
+    from reinforge.learner.learner import _micro_inputs
+
+    learner = Learner(model, LearnerConfig(logits_chunk_tokens=chunk, share_prompt_prefix=share),
+                      AlgorithmConfig(), temperature=temperature)
+    mi = _micro_inputs(rollout, torch.arange(len(rollout)), share_prefix=learner.share_prefix)
+    model.zero_grad(set_to_none=True)
+    lp, ent = learner._token_logprobs(model, mi, entropy="grad")
+    w = torch.linspace(-1.0, 1.0, lp.numel()).reshape(lp.shape)
+    ((lp * w).sum() - 0.3 * ent.sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return lp.detach(), ent.detach(), grads
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_chunked_logprobs_equal_full_logits(tiny_model, tiny_tokenizer, share):
+    """The LM head applied a few positions at a time under checkpointing gives the log-probs,
+    entropies and gradients of the whole micro-batch's logits at once (temperature included)."""
+    gen = HFGenerator(tiny_model, tiny_tokenizer)
+    rollout, _ = _batch(gen, tiny_tokenizer)
+    lp0, ent0, g0 = _logprob_loss_and_grads(copy.deepcopy(tiny_model), rollout, chunk=0, share=share)
+    lp1, ent1, g1 = _logprob_loss_and_grads(copy.deepcopy(tiny_model), rollout, chunk=7, share=share)
+    m = rollout.completion_mask[:, : lp0.shape[1]]
+    assert (lp1[~m] == 0).all() and (ent1[~m] == 0).all()
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=0)
+    assert len(g0) == len(list(tiny_model.parameters()))
+    _assert_grads_close(g1, g0, rel=1e-5)
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj", "lm_head"]])
+def test_chunked_logprobs_with_lora(tiny_model, tiny_tokenizer, targets):
+    """Through a PEFT wrapper: all-linear leaves the LM head alone, an explicit lm_head target
+    wraps it; both give the plain path's values and adapter gradients."""
+    from peft import LoraConfig, get_peft_model
+
+    from reinforge.learner.learner import _body_and_head
+
+    gen = HFGenerator(tiny_model, tiny_tokenizer)
+    rollout, _ = _batch(gen, tiny_tokenizer)
+    results = []
+    for chunk in (0, 5):
+        torch.manual_seed(1)
+        model = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                                     init_lora_weights=False))
+        body, head = _body_and_head(model)
+        assert (type(head) is torch.nn.Linear) == (targets == "all-linear")
+        results.append(_logprob_loss_and_grads(model, rollout, chunk=chunk, share=True))
+    (lp0, ent0, g0), (lp1, ent1, g1) = results
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=0)
+    assert g0 and all("lora_" in n for n in g0)
+    _assert_grads_close(g1, g0, rel=1e-5)
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_chunked_learner_step_equals_full_logits(tiny_model, tiny_tokenizer, autocast):
+    """A whole update (several micro-batches, entropy bonus, temperature) is the same with the
+    chunked head as with full logits: to float32 rounding, and to bf16's under autocast."""
+    gen = HFGenerator(tiny_model, tiny_tokenizer)
+    rollout, adv = _batch(gen, tiny_tokenizer)
+    out = []
+    for chunk in (0, 16):
+        model = copy.deepcopy(tiny_model)
+        cfg = LearnerConfig(lr=1e-2, micro_batch_tokens=60, logits_chunk_tokens=chunk)
+        learner = Learner(model, cfg, AlgorithmConfig(entropy_coef=0.01), temperature=0.9, autocast_dtype=autocast)
+        learner.optimizer.step = lambda: None  # keep the gradients to compare them
+        learner.optimizer.zero_grad = lambda set_to_none=True: None
+        stats = learner.step(TrainBatch(rollout=rollout, advantages=adv, old_logprobs=None))
+        out.append((stats, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (s0, g0), (s1, g1) = out
+    rel = 1e-5 if autocast is None else 1e-2
+    for key in ("loss", "entropy", "grad_norm"):
+        assert s1[key] == pytest.approx(s0[key], rel=rel, abs=1e-6)
+    if autocast is None:  # bf16 matmuls round differently in chunks; their values are checked above
+        _assert_grads_close(g1, g0, rel=1e-5)

@@ -126,28 +126,111 @@ def _shared_prefix_logits(model, mi: _MicroInputs) -> torch.Tensor:
     KV cache is repeated for the group's rows, and only completion tokens are run per row.
     Gradients flow back through the repeated cache into the shared prompt activations, so the
     result (values and gradients) equals running every row in full, at 1/G of the prompt cost.
+    (The learner's default path, ``_shared_prefix_hidden``, is the same with final hidden states
+    instead of logits; this one serves models whose LM head is not a plain projection.)
     """
+    return _shared_prefix_run(model, mi, lambda out: out.logits, logits_to_keep=1)
+
+
+def _shared_prefix_hidden(body, mi: _MicroInputs) -> torch.Tensor:
+    """The final hidden states [N, T, H] at the positions that predict each completion token,
+    computed like ``_shared_prefix_logits`` (each distinct prompt run once, its KV cache repeated
+    for the group's rows) but by the decoder body alone: no LM head, so no [N, T, V] logits."""
+    return _shared_prefix_run(body, mi, lambda out: out.last_hidden_state[:, -1:])
+
+
+def _shared_prefix_run(module, mi: _MicroInputs, pick, **first_kwargs) -> torch.Tensor:
     from transformers import DynamicCache
 
     pw = mi.prompt_width
     p_ids = mi.input_ids[mi.prompt_rows, :pw]
     p_attn = mi.attention_mask[mi.prompt_rows, :pw]
     p_pos = mi.position_ids[mi.prompt_rows, :pw]
-    cache = DynamicCache(config=model.config)
-    head = model(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, past_key_values=cache,
-                 use_cache=True, logits_to_keep=1).logits  # predicts each completion's first token
+    cache = DynamicCache(config=module.config)
+    # The prompt's last position predicts each completion's first token.
+    head = pick(module(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, past_key_values=cache,
+                       use_cache=True, **first_kwargs))
     first = head[mi.prompt_index]
     if mi.completion_ids.shape[1] == 1:
         return first
     cache.batch_select_indices(mi.prompt_index)
-    rest = model(
+    out = module(
         input_ids=mi.completion_ids[:, :-1],
         attention_mask=mi.attention_mask[:, :-1],
         position_ids=mi.position_ids[:, pw:-1],
         past_key_values=cache,
         use_cache=True,
-    ).logits
+    )
+    rest = out.logits if hasattr(out, "logits") else out.last_hidden_state
     return torch.cat([first, rest], dim=1)
+
+
+def _body_and_head(model):
+    """(decoder body, LM head) of a causal LM, through a PEFT wrapper, or None when the logits are
+    not simply ``head(body(...).last_hidden_state)`` (logit soft-capping or scaling), where the
+    learner falls back to the model's own forward."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(base, "config", None)
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
+        if getattr(cfg, attr, None) not in (None, 1, 1.0):
+            return None
+    try:
+        body, head = base.get_decoder(), base.get_output_embeddings()
+    except Exception:  # exotic models without the lookups
+        return None
+    if head is None or body is None or body is base:
+        return None
+    return body, head
+
+
+def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
+    """Log-probs of ``targets`` [n] (and entropies) from hidden states [n, H] through the LM head,
+    in float32 at ``temperature``. Everything [n, V] lives only inside this call."""
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logz = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(1, targets[:, None]).squeeze(1) - logz
+    if not entropy:
+        return logprobs, None
+    # H = logsumexp(l) - sum_v softmax(l)_v l_v, as algorithms.entropy_from_logits.
+    ent = logz - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return logprobs, ent
+
+
+def chunked_token_logprobs(
+    head, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
+    chunk_tokens: int = 1024, entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``targets`` [..., ] under ``head(hidden)`` [..., V] / temperature, and
+    optionally the entropies, without materialising the [..., V] logits of every position at once.
+
+    Positions are flattened and taken ``chunk_tokens`` at a time; each chunk's logits, log-softmax
+    and softmax exist only inside the chunk. When gradients are needed each chunk runs under
+    ``torch.utils.checkpoint``: autograd stores only the chunk's hidden states, and the backward
+    recomputes that chunk's logits, so the peak is one chunk's [chunk_tokens, V] tensors instead of
+    the whole micro-batch's. Values and gradients equal the unchunked computation.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    shape = targets.shape
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = targets.reshape(-1)
+    need_grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
+    lps, ents = [], []
+    for start in range(0, h.shape[0], max(1, chunk_tokens)):
+        hc, tc = h[start : start + chunk_tokens], t[start : start + chunk_tokens]
+        if need_grad:
+            lp, ent = checkpoint(_chunk_logprobs, head, hc, tc, temperature, entropy, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(head, hc, tc, temperature, entropy)
+        lps.append(lp)
+        ents.append(ent)
+    logprobs = torch.cat(lps).reshape(shape) if lps else h.new_zeros(shape, dtype=torch.float32)
+    if not entropy:
+        return logprobs, None
+    ent = torch.cat(ents).reshape(shape) if ents else h.new_zeros(shape, dtype=torch.float32)
+    return logprobs, ent
 
 
 class Learner:
@@ -193,7 +276,8 @@ class Learner:
         return torch.autocast(device_type="cpu", dtype=self.autocast_dtype)
 
     def _logits(self, model, mi: _MicroInputs) -> torch.Tensor:
-        """[n, cw, V] float32 logits / temperature predicting each completion token."""
+        """[n, cw, V] float32 logits / temperature predicting each completion token (the plain,
+        unchunked path: ``learner.logits_chunk_tokens=0`` or a model without a separable head)."""
         cw = mi.completion_ids.shape[1]
         with self._autocast():
             if mi.prompt_rows is not None:
@@ -210,9 +294,49 @@ class Learner:
                 ).logits[:, :-1]
         return logits.float() / self.temperature
 
+    def _hidden(self, body, mi: _MicroInputs) -> torch.Tensor:
+        """[n, cw, H] final hidden states at the positions predicting each completion token."""
+        cw = mi.completion_ids.shape[1]
+        if mi.prompt_rows is not None:
+            return _shared_prefix_hidden(body, mi)
+        hidden = body(
+            input_ids=mi.input_ids,
+            attention_mask=mi.attention_mask,
+            position_ids=mi.position_ids,
+            use_cache=False,
+        ).last_hidden_state
+        return hidden[:, -(cw + 1) : -1]
+
     def _token_logprobs(self, model, mi: _MicroInputs, *, entropy: str = "none"):
         """[n, cw] log-probs of the completion tokens (0 on padding). With ``entropy`` "grad" or
-        "detached", also the per-token entropy of the sampling distribution."""
+        "detached", also the per-token entropy of the sampling distribution.
+
+        By default the decoder body gives the final hidden states and the LM head is applied
+        ``learner.logits_chunk_tokens`` positions at a time (``chunked_token_logprobs``): the
+        [n, cw, V] float32 logits, their softmax and their gradient are never held for the whole
+        micro-batch. Values and gradients equal the plain path's."""
+        parts = _body_and_head(model) if self.cfg.logits_chunk_tokens > 0 else None
+        if parts is None or not mi.completion_mask.any():  # (no real token: keep a graph for backward)
+            return self._token_logprobs_plain(model, mi, entropy=entropy)
+        body, head = parts
+        mask = mi.completion_mask
+        with self._autocast():
+            hidden = self._hidden(body, mi)
+            # Only real completion tokens go through the head: padding costs nothing.
+            sel = mask.nonzero(as_tuple=True)
+            lp, ent = chunked_token_logprobs(
+                head, hidden[sel], mi.completion_ids[sel], temperature=self.temperature,
+                chunk_tokens=self.cfg.logits_chunk_tokens, entropy=entropy != "none",
+            )
+        logprobs = hidden.new_zeros(mask.shape, dtype=torch.float32).index_put(sel, lp)
+        if entropy == "none":
+            return logprobs
+        if entropy == "detached":
+            ent = ent.detach()
+        return logprobs, hidden.new_zeros(mask.shape, dtype=torch.float32).index_put(sel, ent)
+
+    def _token_logprobs_plain(self, model, mi: _MicroInputs, *, entropy: str = "none"):
+        """``_token_logprobs`` from the whole micro-batch's [n, cw, V] logits at once."""
         logits = self._logits(model, mi)
         picked = logits.gather(2, mi.completion_ids[:, :, None]).squeeze(2)
         logprobs = (picked - torch.logsumexp(logits, dim=-1)).masked_fill(~mi.completion_mask, 0.0)

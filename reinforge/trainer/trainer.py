@@ -26,10 +26,11 @@ from ..evaluation import paired_bootstrap_diff
 from ..evaluation.runner import greedy_heldout_eval
 from ..learner import Learner
 from ..learner.critic import Critic
+from ..learner.memory import check_memory
 from ..models import load_model, load_tokenizer, resolve_model_path
 from ..rewards import build_reward
 from ..rewards.shaping import soft_overlong_penalty
-from ..rollout import HFGenerator, SamplingParams
+from ..rollout import SamplingParams, build_generator
 from ..tasks import build_task, encode_prompt
 from ..tracking import RunDir
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
@@ -104,6 +105,10 @@ class Trainer:
         self.reward_fn = build_reward(cfg.reward, self.task)
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
+        # Memory guard: estimate the peak from the config before any weights load; warn naming the
+        # setting to change when it will not fit (reinforge/learner/memory.py).
+        prompt_tokens = max((len(encode_prompt(self.tokenizer, e)) for e in self.train_examples[:64]), default=1)
+        check_memory(cfg, model_path, prompt_tokens=prompt_tokens)
         self.model = load_model(cfg.model, path=model_path)
         self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
         algo = cfg.algorithm
@@ -125,9 +130,11 @@ class Trainer:
         self.needs_old_logprobs = (
             algo.epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
             or algo.cov_penalty != "none" or algo.kl_reward_coef > 0
+            or cfg.rollout.backend != "hf"  # a separate engine: log its mismatch every step
         )
-        self.generator = HFGenerator(
-            self.model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, autocast_dtype=self.autocast_dtype
+        self.generator = build_generator(
+            cfg.rollout, self.model, self.tokenizer, model_path=model_path, model_dtype=cfg.model.dtype,
+            autocast_dtype=self.autocast_dtype, seed=cfg.trainer.seed,
         )
         self.learner = Learner(
             self.model, cfg.learner, cfg.algorithm,
@@ -151,6 +158,8 @@ class Trainer:
             return
         data = load_checkpoint(ckpt)
         self.learner.load_trainable_state_dict(data["weights"])
+        if hasattr(self.generator, "sync_weights"):  # the engine started from the base weights
+            self.generator.sync_weights(self.model)
         self.learner.optimizer.load_state_dict(data["optimizer"]["optimizer"])
         self.learner.scheduler.load_state_dict(data["optimizer"]["scheduler"])
         if self.critic is not None:
@@ -326,6 +335,10 @@ class Trainer:
             stats["skipped"] = max(u["skipped"] for u in updates)
         else:
             stats["skipped"] = 0.0
+        if hasattr(self.generator, "sync_weights") and step % cfg.rollout.vllm_sync_every == 0:
+            t_sync = time.perf_counter()
+            self.generator.sync_weights(self.model)  # in memory, no restart (backend=vllm)
+            stats["time_weight_sync"] = time.perf_counter() - t_sync
         t_end = time.perf_counter()
 
         lengths = rollout.completion_lengths.float()
