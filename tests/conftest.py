@@ -60,6 +60,14 @@ def tiny_model(tiny_tokenizer):
     return make_model(tiny_tokenizer)
 
 
+def save_tiny_model(path, **model_kwargs):
+    """Build a tiny model and its tokenizer and save both as a local HF folder at ``path``."""
+    tok = make_tokenizer()
+    make_model(tok, **model_kwargs).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 @pytest.fixture
 def tiny_model_dir(tmp_path, tiny_tokenizer):
     """A tiny model saved as a local HF folder, loadable through model.path."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import make_model, make_tokenizer
+from conftest import save_tiny_model
 
 from reinforge.cli import main
 from reinforge.evaluation.compare import compare_runs, flatten_config, is_ignored_key
@@ -35,10 +35,7 @@ def hashed_reward(completion: str, example) -> float:
 
 
 def _write_inputs(root: Path) -> Path:
-    tok = make_tokenizer()
-    model = make_model(tok, hidden=32, layers=1)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    save_tiny_model(root / "model", hidden=32, layers=1)
     with open(root / "task.jsonl", "w") as f:
         for i in range(40):
             f.write(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import make_model, make_tokenizer
+from conftest import save_tiny_model
 
 from reinforge.cli import main
 from reinforge.config import build_config
@@ -27,10 +27,7 @@ FAST = ["--resamples", "300"]
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
-    tok = make_tokenizer()
-    model = make_model(tok, hidden=32, layers=1)
-    model.save_pretrained(root / "tiny-model")
-    tok.save_pretrained(root / "tiny-model")
+    save_tiny_model(root / "tiny-model", hidden=32, layers=1)
     with open(root / "task.jsonl", "w") as f:
         for i in range(40):
             f.write(json.dumps({"prompt": f"say {i}", "answer": str(i % 3)}) + "\n")

@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import make_model, make_tokenizer
+from conftest import save_tiny_model
 
 from reinforge.config import ConfigError, build_config
 from reinforge.tracking import RunDir
@@ -158,9 +158,7 @@ def test_a_run_logs_to_several_exporters_from_the_trainer(tmp_path):
 
     from reinforge.trainer import Trainer
 
-    tok = make_tokenizer()
-    make_model(tok, hidden=32, layers=1).save_pretrained(tmp_path / "m")
-    tok.save_pretrained(tmp_path / "m")
+    save_tiny_model(tmp_path / "m", hidden=32, layers=1)
     (tmp_path / "t.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "answer": "7"}) + "\n" for i in range(20)))
     cfg = build_config({}, [
         f"model.path={tmp_path / 'm'}", "task.source=file", f"task.path={tmp_path / 't.jsonl'}", "task.eval_size=3",

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import make_model, make_tokenizer
+from conftest import save_tiny_model
 
 from reinforge.cli import main
 from reinforge.config import build_config
@@ -20,10 +20,7 @@ from reinforge.trainer import Trainer
 @pytest.fixture(scope="module")
 def original(tmp_path_factory):
     root = tmp_path_factory.mktemp("repro")
-    tok = make_tokenizer()
-    model = make_model(tok, hidden=32, layers=1)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    save_tiny_model(root / "model", hidden=32, layers=1)
     with open(root / "task.jsonl", "w") as f:
         for i in range(30):
             f.write(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n")

@@ -78,16 +78,12 @@ def informative_groups(rewards: Tensor, group_index: Tensor) -> Tensor:
     """[G] bool over the sorted distinct group ids: True where a group's rewards are not all
     equal. DAPO's dynamic sampling keeps only these ("DAPO: An Open-Source LLM Reinforcement
     Learning System at Scale", Yu et al., 2025, arXiv:2503.14476): a group whose rewards are all
-    equal has zero group-relative advantage and only dilutes the batch."""
+    equal (or that has a single sample) has zero group-relative advantage and only dilutes the
+    batch."""
     _check_1d(rewards, group_index)
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=torch.bool)
-    r = rewards.detach().to(torch.float64)
-    _, g = torch.unique(group_index, return_inverse=True)
-    num_groups = int(g.max()) + 1
-    gmax = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, g, r, reduce="amax")
-    gmin = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, g, r, reduce="amin")
-    return gmax > gmin
+    return _group_stats(rewards.detach().to(torch.float64), group_index)[3]
 
 
 def group_normalized_advantages(
