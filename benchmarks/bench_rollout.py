@@ -1,8 +1,11 @@
 """Rollout efficiency: reinforge's generators against the raw engines they wrap, on the same prompts.
 
-- HF:   ``HFGenerator.generate`` (log-probs recorded, prefix shared, RolloutBatch built, texts
-        decoded) vs ``model.generate`` called directly on the same left-padded prompts (same model
-        object, same autocast, sampling at temperature 1 with no top-k/top-p, no log-probs).
+- HF:   ``HFGenerator.generate`` as the trainer builds it (log-probs recorded, prefix shared,
+        RolloutBatch built, texts decoded; with --dtype bfloat16 decoding with its bf16 copy of
+        the policy) vs ``model.generate`` called directly on the same left-padded prompts, on the
+        model loaded in the same dtype with transformers' default attention (sampling at
+        temperature 1 with no top-k/top-p, no log-probs). With bf16 it also times the generator
+        decoding with the learner's own fp32 weights under autocast (``rollout.hf_bf16_copy=false``).
 - vLLM: ``VLLMGenerator.generate`` (processed log-probs, per-prompt seeds, RolloutBatch, texts)
         vs ``LLM.generate`` called directly on the same engine (plain ``SamplingParams``: no
         log-probs, no seeds).
@@ -89,7 +92,7 @@ def _timed(fn):
 
 def worker_hf(args) -> dict:
     import torch
-    from transformers import GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from reinforge.config import ModelConfig
     from reinforge.models import load_model, load_tokenizer
@@ -97,14 +100,23 @@ def worker_hf(args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    bf16 = args.dtype == "bfloat16"
     with tempfile.TemporaryDirectory() as tmp:
         path = _model_dir(args.model, Path(tmp))
         tok = load_tokenizer(path)
-        model = load_model(ModelConfig(path=str(path)), path=path).eval()
-    autocast_dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+        model = load_model(ModelConfig(path=str(path)), path=path).eval()  # the learner's fp32 policy
+        # The raw engine: plain `generate` on the model loaded in the dtype the generator decodes
+        # in, with transformers' default attention: what a user would write by hand.
+        raw_model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.bfloat16 if bf16 else torch.float32, local_files_only=True
+        ).eval()
     prompts = _prompts(tok, args.prompts, args.seed)
     n = len(prompts) * args.samples
-    gen = HFGenerator(model, tok, batch_size=args.batch_size or n, autocast_dtype=autocast_dtype)
+    # As the trainer builds it: with model.dtype=bfloat16 a bf16 copy (rollout.hf_bf16_copy).
+    gen = HFGenerator(model, tok, batch_size=args.batch_size or n, copy_dtype=torch.bfloat16 if bf16 else None)
+    # And decoding with the learner's own weights (fp32 master weights, under autocast for bf16).
+    shared = HFGenerator(model, tok, batch_size=args.batch_size or n,
+                         autocast_dtype=torch.bfloat16 if bf16 else None)
     params = SamplingParams(num_samples=args.samples, temperature=1.0, max_new_tokens=args.max_new_tokens)
     rows = [p for p in prompts for _ in range(args.samples)]
     ids, mask = left_pad(rows, gen.pad_id)
@@ -114,15 +126,20 @@ def worker_hf(args) -> dict:
     )
 
     def raw():
-        with torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen_cfg)
+        with torch.no_grad():
+            out = raw_model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen_cfg)
         return _real_tokens_hf(out, ids.shape[1], gen.eos_ids)
 
-    def ours():
-        out = gen.generate(prompts, params)
-        return _count(out.completion_ids, out.completion_mask), int(out.truncated.sum())
+    def run(g):
+        def fn():
+            out = g.generate(prompts, params)
+            return _count(out.completion_ids, out.completion_mask), int(out.truncated.sum())
+        return fn
 
-    return _alternate(args, {"raw": raw, "generator": ours}, extra={"threads": torch.get_num_threads()})
+    fns = {"raw": raw, "generator": run(gen)}
+    if bf16:
+        fns["generator_shared_weights"] = run(shared)
+    return _alternate(args, fns, extra={"threads": torch.get_num_threads()})
 
 
 def worker_vllm(args) -> dict:
@@ -272,6 +289,9 @@ def main(argv=None) -> int:
               f"(raw engines: {record['vllm_raw_over_hf_raw']:.2f})")
     if "engine_start_s" in vl:
         print(f"vLLM engine start: {vl['engine_start_s']:.0f} s")
+    if "generator_shared_weights_tokens_per_s" in hf:
+        print(f"HF generator decoding with the learner's fp32 weights under autocast "
+              f"(rollout.hf_bf16_copy=false): {hf['generator_shared_weights_tokens_per_s']:.0f} tok/s")
     print(f"\nresults appended to {out}")
     return 0
 

