@@ -475,10 +475,11 @@ def worker_trl(spec: dict, result_path: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # parent
 # ------------------------------------------------------------------------------------------------
-def _run_child(kind: str, spec: dict, workdir: Path, verbose: bool) -> dict:
-    spec_path = workdir / f"spec-{kind}.json"
-    result_path = workdir / f"result-{kind}.json"
-    log_path = workdir / f"log-{kind}.txt"
+def _run_child(kind: str, spec: dict, workdir: Path, verbose: bool, name: str | None = None) -> dict:
+    name = name or kind
+    spec_path = workdir / f"spec-{name}.json"
+    result_path = workdir / f"result-{name}.json"
+    log_path = workdir / f"log-{name}.txt"
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--spec", str(spec_path),
            "--result", str(result_path)]
@@ -591,6 +592,12 @@ def parent(args: argparse.Namespace) -> None:
     for f in frameworks:
         if f not in FRAMEWORKS:
             raise SystemExit(f"--frameworks: unknown {f!r}; accepted: {', '.join(FRAMEWORKS)}")
+    variants: dict[str, list[str]] = {}
+    for v in args.variant or []:
+        name, sep, opts = v.partition(":")
+        if not sep or not name or not opts:
+            raise SystemExit(f"--variant {v!r}: expected NAME:KEY=VALUE[,KEY=VALUE...]")
+        variants[name] = [o.strip() for o in opts.split(",") if o.strip()]
     try:
         threads = args.threads or len(os.sched_getaffinity(0))
     except AttributeError:
@@ -606,6 +613,9 @@ def parent(args: argparse.Namespace) -> None:
         }
         spec.update(_run_child("prepare", spec, workdir, args.verbose))
         results = {f: _run_child(f, spec, workdir, args.verbose) for f in frameworks}
+        for name, overrides in variants.items():
+            vspec = dict(spec, reinforge_overrides=spec["reinforge_overrides"] + overrides)
+            results[f"reinforge[{name}]"] = _run_child("reinforge", vspec, workdir, args.verbose, name=f"variant-{name}")
         if args.keep_logs:
             keep = Path(args.keep_logs)
             keep.mkdir(parents=True, exist_ok=True)
@@ -634,6 +644,14 @@ def parent(args: argparse.Namespace) -> None:
         ratios["prompts_match"] = r["prompt_ids"] == t["prompt_ids"]
     if "trl" in ok:
         t = ok["trl"]
+        for name in variants:
+            r = ok.get(f"reinforge[{name}]")
+            if r is not None:
+                ratios[f"variant:{name}"] = {
+                    "tokens_per_s": r["tokens_per_s"] / t["tokens_per_s"],
+                    "peak_rss_steps": r["peak_rss_steps_gb"] / t["peak_rss_steps_gb"],
+                    "ru_maxrss": r["ru_maxrss_gb"] / t["ru_maxrss_gb"],
+                }
         ratios["trl_prompt_tokens_match_reinforge_encoding"] = t["prompt_tokens"] == t["prompt_tokens_reinforge_encoding"]
     versions = next(iter(ok.values()))["versions"] if ok else _versions()  # metadata only: no torch import
     spec_out = {k: v for k, v in spec.items() if k != "workdir"}
@@ -657,6 +675,16 @@ def parent(args: argparse.Namespace) -> None:
           + (f", reinforge {' '.join(args.reinforge_option)}" if args.reinforge_option else ""))
     print()
     print(table)
+    if variants:
+        print("\n| reinforge variant | overrides | tokens/s | peak RSS during steps (GB) | tokens/s / TRL | peak RSS / TRL |")
+        print("|---|---|---|---|---|---|")
+        for name, overrides in variants.items():
+            r, q = results[f"reinforge[{name}]"], ratios.get(f"variant:{name}", {})
+            if r.get("failed"):
+                print(f"| {name} | {' '.join(overrides)} | failed: {r['reason']} | | | |")
+                continue
+            print(f"| {name} | {' '.join(overrides)} | {_fmt(r['tokens_per_s'], 1)} | {_fmt(r['peak_rss_steps_gb'], 3)} "
+                  f"| {_fmt(q.get('tokens_per_s'))} | {_fmt(q.get('peak_rss_steps'))} |")
     if "tokens_per_s_vs_trl_partial" in ratios:
         print(f"\nTRL did not finish; reinforge / TRL from TRL's finished steps: tokens/s "
               f"{_fmt(ratios['tokens_per_s_vs_trl_partial'])}, peak RSS at most "
@@ -697,6 +725,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reinforge-option", action="append", metavar="KEY=VALUE",
                    help="extra reinforge config override, e.g. learner.logits_chunk_tokens=0 (repeatable)")
     p.add_argument("--frameworks", default="reinforge,trl", help="comma list, run in this order")
+    p.add_argument("--variant", action="append", metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
+                   help="an extra reinforge run with these config overrides on top of the shared ones, "
+                        "after the frameworks, compared with the same TRL run (repeatable)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results JSON (a list; this run is appended)")
     p.add_argument("--keep-logs", default=None, help="copy the workers' logs into this folder")
     p.add_argument("--verbose", action="store_true", help="show the workers' output instead of logging it")

@@ -207,3 +207,27 @@ def test_trainer_with_bf16_copy_syncs_and_logs_mismatch_without_extra_forward(tm
         assert m["time_weight_sync"] >= 0
     for name, p in trainer.model.state_dict().items():  # synced after the last update
         assert torch.equal(trainer.generator.engine.state_dict()[name], p.to(torch.bfloat16)), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_decode_attention_equals_repeated_kv_attention(dtype):
+    """One query token per row over a padded KV cache, query heads grouped under their KV head,
+    against the reference: KV heads repeated (transformers' repeat_kv) and plain softmax attention."""
+    from reinforge.rollout.attention import grouped_decode_attention
+
+    torch.manual_seed(0)
+    b, heads, kv_heads, length, dim = 3, 6, 2, 9, 8
+    q = torch.randn(b, heads, 1, dim, dtype=dtype)
+    k = torch.randn(b, kv_heads, length, dim, dtype=dtype)
+    v = torch.randn(b, kv_heads, length, dim, dtype=dtype)
+    mask = torch.ones(b, 1, 1, length, dtype=torch.bool)
+    mask[1, ..., :4] = False  # left padding
+    mask[2, ..., :1] = False
+    module = torch.nn.Module()
+    out, _ = grouped_decode_attention(module, q, k, v, mask, scaling=0.5)
+    rep = heads // kv_heads
+    kk, vv = k.repeat_interleave(rep, dim=1).float(), v.repeat_interleave(rep, dim=1).float()
+    scores = (q.float() @ kk.transpose(2, 3)) * 0.5
+    ref = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ vv  # [b, heads, 1, dim]
+    assert out.shape == (b, 1, heads, dim)
+    torch.testing.assert_close(out.float(), ref.transpose(1, 2), atol=1e-5 if dtype == torch.float32 else 2e-2, rtol=0)

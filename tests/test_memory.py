@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from reinforge.config import build_config
-from reinforge.learner.memory import ModelShape, check_memory, estimate_memory, model_shape
+from reinforge.learner.memory import GB, ModelShape, check_memory, estimate_memory, model_shape
 
 # conftest's tiny Llama: vocab 100 (4 specials + 96 characters), hidden 64, intermediate 128,
 # 2 layers, 4 heads, 2 KV heads of 16 dims, tied embeddings.
@@ -48,7 +48,8 @@ def test_estimate_by_hand():
     assert est.resident == {"weights": 4 * PARAMS, "bf16_weight_copies": 0, "gradients": 4 * PARAMS,
                             "adamw_states": 8 * PARAMS, "reference_model": 0, "critic": 0}
     rows = 2 * 4  # generation holds all 8 rows (batch size 64)
-    assert est.generation == {"kv_cache": L * 2 * KV * (12 + 8) * rows * 4, "generation_scores": 3 * rows * V * 4}
+    assert est.generation == {"generation_copy": 0, "kv_cache": L * 2 * KV * (12 + 8) * rows * 4,
+                              "generation_scores": 5 * rows * V * 4}
     per_token_layer = (10 * H + 2 * KV + 4 * I) * 4
     # the whole step is 2 prompts of 12 tokens (run once per group) + 8 rows x 8 new tokens = 88
     # tokens, under the budget of 100; 64 of them are completion tokens, more than one chunk of 16
@@ -61,6 +62,10 @@ def test_estimate_by_hand():
                           SHAPE, prompt_tokens=12)
     assert est.resident["bf16_weight_copies"] == 2 * PARAMS and est.resident["reference_model"] == 4 * PARAMS
     assert est.generation["kv_cache"] == L * 2 * KV * 20 * rows * 2
+    assert est.generation["generation_copy"] == 2 * PARAMS  # rollout.hf_bf16_copy follows model.dtype
+    est_vllm = estimate_memory(_cfg("rollout.backend=vllm", "rollout.vllm_kv_cache_gb=0.5"), SHAPE, prompt_tokens=12)
+    assert est_vllm.generation == {"generation_copy": 4 * PARAMS, "kv_cache": GB // 2}
+    assert "lower rollout.vllm_kv_cache_gb (now 0.5)" in est_vllm.advice
     assert est.learner == {"activations": 88 * L * per_token_layer, "logits": 64 * V * 18}
 
     # LoRA: gradients and AdamW only for the adapters, no reference copy; checkpointing keeps

@@ -141,10 +141,21 @@ def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEsti
     rows = cfg.trainer.prompts_per_step * g
     gen_rows = min(rows, max(g, cfg.rollout.generation_batch_size // g * g))  # chunks hold whole groups
     seq = prompt_tokens + cfg.rollout.max_new_tokens
-    generation = {
-        "kv_cache": shape.layers * 2 * kv_dim * seq * gen_rows * act,
-        "generation_scores": 3 * gen_rows * shape.vocab * 4,
-    }
+    if cfg.rollout.backend == "vllm":
+        # The engine's own weights (in model.dtype) and the KV cache it reserves up front.
+        kv_gb = cfg.rollout.vllm_kv_cache_gb
+        generation = {
+            "generation_copy": act * P,
+            "kv_cache": int(kv_gb * GB) if kv_gb else shape.layers * 2 * kv_dim * seq * rows * act,
+        }
+    else:
+        generation = {
+            # rollout.hf_bf16_copy: the bf16 weights the HF backend decodes with
+            "generation_copy": 2 * P if cfg.rollout.resolved_hf_bf16_copy(cfg.model.dtype) else 0,
+            "kv_cache": shape.layers * 2 * kv_dim * seq * gen_rows * act,
+            # float32 log-probs, probabilities and the float64 cumulative sum of a decode step
+            "generation_scores": 5 * gen_rows * shape.vocab * 4,
+        }
 
     # A micro-batch holds at most the token budget, and at most the whole step's rollout.
     c = cfg.rollout.max_new_tokens
@@ -183,7 +194,11 @@ def _advice(cfg, est: MemoryEstimate) -> list[str]:
         "logits": [f"lower learner.logits_chunk_tokens (now {cfg.learner.logits_chunk_tokens})"
                    if cfg.learner.logits_chunk_tokens > 0 else "set learner.logits_chunk_tokens=1024",
                    f"lower learner.micro_batch_tokens (now {cfg.learner.micro_batch_tokens})"],
-        "kv_cache": [f"lower rollout.generation_batch_size (now {cfg.rollout.generation_batch_size})"],
+        "kv_cache": ([f"lower rollout.vllm_kv_cache_gb (now {cfg.rollout.vllm_kv_cache_gb})"]
+                     if cfg.rollout.backend == "vllm"
+                     else [f"lower rollout.generation_batch_size (now {cfg.rollout.generation_batch_size})"]),
+        "generation_copy": (["use rollout.backend=hf"] if cfg.rollout.backend == "vllm"
+                            else ["set rollout.hf_bf16_copy=false (decode with the learner's weights, slower)"]),
         "generation_scores": [f"lower rollout.generation_batch_size (now {cfg.rollout.generation_batch_size})"],
         "gradients": [] if cfg.model.lora else ["train LoRA adapters (model.lora)"],
         "adamw_states": [] if cfg.model.lora else ["train LoRA adapters (model.lora)"],

@@ -138,6 +138,8 @@ class VLLMGenerator:
         kwargs.update(engine_kwargs)
         self._vllm = vllm
         self.llm = _restore_globals(lambda: vllm.LLM(**kwargs))
+        # (None for vLLM's own dtype names such as "auto": vLLM then casts on load)
+        self.weight_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
         self.synced_versions = 0
         self.separate_weights = True  # the trainer syncs after updates and logs the mismatch
 
@@ -235,7 +237,8 @@ class VLLMGenerator:
         # dtype), then redoes the post-load processing (e.g. weight repacking on a CPU). In this
         # process the iterator is passed by reference: no copy, no file.
         self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": _detached(state.items()), "is_checkpoint_format": True}
+            "reload_weights",
+            kwargs={"weights_iterator": _detached(state.items(), self.weight_dtype), "is_checkpoint_format": True},
         )
         self.llm.reset_prefix_cache()
         self.synced_versions += 1
@@ -256,9 +259,10 @@ class VLLMGenerator:
         gc.collect()
 
 
-def _detached(items) -> Iterator[tuple[str, torch.Tensor]]:
+def _detached(items, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+    # Cast here, one tensor at a time: vLLM would cast too, but logs a warning per weight.
     for name, tensor in items:
-        yield name, tensor.detach()
+        yield name, tensor.detach() if dtype is None else tensor.detach().to(dtype)
 
 
 def _position_logprob(lp, pos: int, tok: int) -> float:
