@@ -13,22 +13,13 @@ from reinforge.config import AlgorithmConfig, LearnerConfig
 from reinforge.learner import Learner
 from reinforge.rollout import HFGenerator, SamplingParams, build_generator
 from reinforge.rollout.hf import left_pad, sample_tokens, sampling_logprobs
-
-
-def _prompts(tok, texts):
-    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                    tokenize=True, return_dict=False) for t in texts]
+from test_rollout_learner import _forward_logprobs as _full_forward_logprobs
+from test_rollout_learner import _prompts
 
 
 def _forward_logprobs(model, rollout, temperature=1.0):
-    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
-    attn = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)
-    pos = (attn.long().cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos).logits
-    width = rollout.prompt_ids.shape[1]
-    lp = torch.log_softmax(logits[:, width - 1 : -1].float() / temperature, -1)
-    return lp.gather(2, rollout.completion_ids[:, :, None]).squeeze(2).masked_fill(~rollout.completion_mask, 0.0)
+    """The completion tokens' log-probs from one full forward pass, 0 on padding."""
+    return _full_forward_logprobs(model, rollout, temperature).masked_fill(~rollout.completion_mask, 0.0)
 
 
 def test_inverse_cdf_sampling_matches_the_distribution():

@@ -26,7 +26,7 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout:
     b, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     if (
-        q_len != 1 or heads % kv_heads or torch.is_grad_enabled() and query.requires_grad
+        q_len != 1 or heads % kv_heads or (torch.is_grad_enabled() and query.requires_grad)
         or kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None
         or (dropout and module.training)
     ):

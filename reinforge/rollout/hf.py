@@ -14,8 +14,8 @@ cannot make (docs/benchmarks.md has the measurements):
 With ``copy_dtype`` the generator decodes with its own copy of the policy in that dtype (bf16:
 about 1.4x faster decoding than the fp32 master weights under autocast on a CPU with AVX512-BF16),
 refreshed in memory from the learner's weights by ``sync_weights`` after each update, like the
-vLLM backend. On a CPU the copy uses eager attention, which decodes faster than SDPA's kernel
-there (one query token per row).
+vLLM backend. On a CPU decode steps use the grouped-query attention of ``attention.py``, which
+reads the KV cache without copying it per query head.
 """
 
 from __future__ import annotations
@@ -84,8 +84,7 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 def generation_copy(model, dtype: torch.dtype):
-    """A frozen eval-mode copy of ``model``'s weights (LoRA merged) as a plain HF model in
-    ``dtype``."""
+    """An eval-mode copy of ``model``'s weights (LoRA merged) as a plain HF model in ``dtype``."""
     from transformers import AutoModelForCausalLM
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
