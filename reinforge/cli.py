@@ -245,6 +245,7 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
         top_p=params["top_p"], max_new_tokens=params["max_new_tokens"], seed=params["seed"],
         generation_batch_size=cfg.rollout.generation_batch_size,
         autocast_dtype=torch.bfloat16 if cfg.model.dtype == "bfloat16" else None,
+        copy_dtype=torch.bfloat16 if cfg.rollout.resolved_hf_bf16_copy(cfg.model.dtype) else None,
         n_resamples=args.resamples,
     )
     summary = {"label": label, "model": source.to_dict(), **params, **summary,

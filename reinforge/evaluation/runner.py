@@ -233,6 +233,7 @@ def sampled_eval(
     seed: int,
     generation_batch_size: int = 64,
     autocast_dtype: torch.dtype | None = None,
+    copy_dtype: torch.dtype | None = None,
     n_resamples: int = 10_000,
 ) -> tuple[dict[str, Any], list[dict]]:
     """N = ``samples`` completions per held-out prompt, scored; pass@k and maj@k for k = 1..N.
@@ -247,7 +248,10 @@ def sampled_eval(
 
     if samples < 1:
         raise ValueError(f"--samples must be at least 1, got {samples}")
-    generator = HFGenerator(model, tokenizer, batch_size=generation_batch_size, autocast_dtype=autocast_dtype)
+    # ``copy_dtype``: decode with a copy in that dtype, as the trainer's generator does
+    # (rollout.hf_bf16_copy), so an evaluation here matches the one made during training.
+    generator = HFGenerator(model, tokenizer, batch_size=generation_batch_size, autocast_dtype=autocast_dtype,
+                            copy_dtype=copy_dtype)
     torch.manual_seed(seed)
     params = SamplingParams(num_samples=samples, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens)
