@@ -30,9 +30,10 @@ def build_generator(
 ):
     """The generator that ``rollout_cfg.backend`` names (a ``RolloutConfig``).
 
-    ``hf`` generates with ``model`` itself; ``vllm`` starts an in-process engine from
-    ``model_path`` in ``model_dtype``, whose weights the trainer replaces with ``model``'s after
-    each update through ``generator.sync_weights(model)``."""
+    ``hf`` generates with ``model`` itself, or with a bf16 copy of it (``rollout.hf_bf16_copy``);
+    ``vllm`` starts an in-process engine from ``model_path`` in ``model_dtype``. A generator with
+    ``separate_weights`` gets ``model``'s weights after updates through
+    ``generator.sync_weights(model)``."""
     if rollout_cfg.backend == "hf":
         return HFGenerator(
             model, tokenizer, batch_size=rollout_cfg.generation_batch_size, autocast_dtype=autocast_dtype,

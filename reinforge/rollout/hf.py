@@ -12,7 +12,7 @@ cannot make (docs/benchmarks.md has the measurements):
   exponential draw that made up about 15% of a decode step on a CPU.
 
 With ``copy_dtype`` the generator decodes with its own copy of the policy in that dtype (bf16:
-about 1.4x faster decoding than the fp32 master weights under autocast on a CPU with AVX512-BF16),
+1.35x faster decoding than the fp32 master weights under autocast on a 2-core CPU with AVX512-BF16),
 refreshed in memory from the learner's weights by ``sync_weights`` after each update, like the
 vLLM backend. On a CPU decode steps use the grouped-query attention of ``attention.py``, which
 reads the KV cache without copying it per query head.
@@ -118,7 +118,6 @@ class HFGenerator:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.copy_dtype = copy_dtype
         self.engine = generation_copy(model, copy_dtype) if copy_dtype is not None else model
         self.autocast_dtype = None if copy_dtype is not None else autocast_dtype
         self.separate_weights = copy_dtype is not None
