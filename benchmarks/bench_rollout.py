@@ -114,9 +114,6 @@ def worker_hf(args) -> dict:
     n = len(prompts) * args.samples
     # As the trainer builds it: with model.dtype=bfloat16 a bf16 copy (rollout.hf_bf16_copy).
     gen = HFGenerator(model, tok, batch_size=args.batch_size or n, copy_dtype=torch.bfloat16 if bf16 else None)
-    # And decoding with the learner's own weights (fp32 master weights, under autocast for bf16).
-    shared = HFGenerator(model, tok, batch_size=args.batch_size or n,
-                         autocast_dtype=torch.bfloat16 if bf16 else None)
     params = SamplingParams(num_samples=args.samples, temperature=1.0, max_new_tokens=args.max_new_tokens)
     rows = [p for p in prompts for _ in range(args.samples)]
     ids, mask = left_pad(rows, gen.pad_id)
@@ -138,7 +135,10 @@ def worker_hf(args) -> dict:
 
     fns = {"raw": raw, "generator": run(gen)}
     if bf16:
-        fns["generator_shared_weights"] = run(shared)
+        # And decoding with the learner's own fp32 weights under autocast (rollout.hf_bf16_copy=false).
+        fns["generator_shared_weights"] = run(
+            HFGenerator(model, tok, batch_size=args.batch_size or n, autocast_dtype=torch.bfloat16)
+        )
     return _alternate(args, fns, extra={"threads": torch.get_num_threads()})
 
 
