@@ -115,6 +115,8 @@ def test_bf16_copy_generates_from_its_own_weights_and_syncs_after_an_update(tiny
     gen = HFGenerator(model, tok, copy_dtype=torch.bfloat16)
     assert gen.separate_weights and gen.engine is not model
     assert next(gen.engine.parameters()).dtype == torch.bfloat16 and next(model.parameters()).dtype == torch.float32
+    # tied embeddings stay tied in the copy (one tensor, not two)
+    assert sum(p.numel() for p in gen.engine.parameters()) == sum(p.numel() for p in model.parameters())
     prompts = _prompts(tok, ["a", "bb", "what is 3*4?"])
     torch.manual_seed(0)
     rollout = gen.generate(prompts, SamplingParams(num_samples=4, max_new_tokens=10))

@@ -87,9 +87,17 @@ def generation_copy(model, dtype: torch.dtype):
     """An eval-mode copy of ``model``'s weights (LoRA merged) as a plain HF model in ``dtype``."""
     from transformers import AutoModelForCausalLM
 
+    try:  # every weight is overwritten below: skip the random initialisation (2.6 s of 3 for 135M)
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - older transformers
+        no_init_weights = contextlib.nullcontext
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     device = next(base.parameters()).device
-    copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype).to(device).eval()
+    with no_init_weights():
+        copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
+    copy.tie_weights()  # (initialisation would have tied them; the config decides)
+    copy = copy.to(device).eval()
     copy.generation_config = base.generation_config
     # The parameters keep requires_grad=True although the copy only ever runs under no_grad:
     # on a CPU, torch routes a bf16 linear layer with a frozen weight through a path that made
