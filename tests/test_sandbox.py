@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-import reinforge.rewards.sandbox as sandbox_module
+import reinforge.sandbox as sandbox_module
 from reinforge.rewards.code import CodeVerifier
-from reinforge.rewards.sandbox import Job, Sandbox, SandboxLimits, SandboxUnavailable
+from reinforge.sandbox import Job, Sandbox, SandboxLimits, SandboxUnavailable
 from reinforge.tasks.base import Example
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from reinforge.rewards.sandbox import ExecResult, Job, Sandbox, SandboxLimits
+from reinforge.sandbox import ExecResult, Job, Sandbox, SandboxLimits
 from reinforge.rewards.verifiers import VerifierResult
 from reinforge.tasks.base import Example, Task
 from reinforge.tasks.code_task import CodeProblem
@@ -38,7 +38,7 @@ SOLUTION_FILE = "solution.py"
 
 @lru_cache(maxsize=1)
 def _harness_source() -> str:
-    return (Path(__file__).parent / "sandbox" / "harness.py").read_text(encoding="utf-8")
+    return (Path(__file__).parents[1] / "sandbox" / "harness.py").read_text(encoding="utf-8")
 
 
 def extract_code(completion: str, entry_point: str | None = None) -> str | None:
