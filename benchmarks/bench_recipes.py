@@ -56,7 +56,7 @@ def _worker(args: argparse.Namespace) -> None:
     out = {
         "recipe": args.worker,
         "step_s": sum(m["time_step"] for m in metrics) / len(metrics),
-        "generate_s": sum(m["time_generate"] for m in metrics) / len(metrics),
+        "generate_s": sum(m["time_collect"] for m in metrics) / len(metrics),
         "tokens": sum(m["generated_tokens"] for m in metrics) / len(metrics),
         "sampling_rounds": sum(m.get("sampling_rounds", 1.0) for m in metrics) / len(metrics),
         "ru_maxrss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB,

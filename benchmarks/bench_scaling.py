@@ -127,8 +127,8 @@ def worker(spec: dict, result_path: str) -> None:
         points.append({
             "sweep": sweep, "model": spec["model"], "params": params, "prompts": prompts, "samples": samples,
             "max_new_tokens": new_tokens, "rows": prompts * samples,
-            "time_step": m["time_step"], "time_generate": m["time_generate"],
-            "time_update": m["time_step"] - m["time_generate"], "generated_tokens": m["generated_tokens"],
+            "time_step": m["time_step"], "time_generate": m["time_collect"],
+            "time_update": m["time_step"] - m["time_collect"], "generated_tokens": m["generated_tokens"],
             "completion_length": m["completion_length"], "tokens_per_s": m["tokens_per_s"],
         })
         print(f"[scaling] {points[-1]}", file=sys.stderr, flush=True)

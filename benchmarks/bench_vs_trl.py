@@ -8,7 +8,7 @@ peak RSS of one is not polluted by the other, or by the parent (the parent impor
 nor transformers; preparing the model also happens in a subprocess of its own).
 
 Same configuration for both: model, prompts (same reasoning-gym task, options and seed, in the same
-order: the order reinforge's seeded PromptSampler draws them), G samples per prompt, max new
+order: the order reinforge's seeded EpochSampler draws them), G samples per prompt, max new
 tokens, temperature 1.0, top_p 1.0 (no top-k), lr 1e-6, AdamW betas (0.9, 0.99), constant lr,
 grad-norm clip 1.0, no KL term, one optimisation pass per batch, fp32, no gradient checkpointing,
 the same reward function (reinforge's reward built from the task: the reasoning-gym score of the
@@ -233,7 +233,7 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
                     windows.append((t0, time.perf_counter()))
                     sampler.close_window()
             partial.append({"step": step, "measured": measured, "time_step": metrics["time_step"],
-                            "time_generate": metrics["time_generate"],
+                            "time_generate": metrics["time_collect"],
                             "generated_tokens": metrics["generated_tokens"]})
             _write_partial(result_path, {"steps": partial, "peak_rss_sampled_gb": sampler.peak / GB,
                                          "peak_rss_steps_gb": sampler.peak_window / GB})
@@ -252,8 +252,8 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall > 0 else None,
         "step_times_s": [m["time_step"] for m in measured],
-        "generate_times_s": [m["time_generate"] for m in measured],
-        "generate_share": sum(m["time_generate"] for m in measured) / wall if wall > 0 else None,
+        "generate_times_s": [m["time_collect"] for m in measured],
+        "generate_share": sum(m["time_collect"] for m in measured) / wall if wall > 0 else None,
         "step_tokens": [m["generated_tokens"] for m in measured],
         "completion_length_mean": [m["completion_length"] for m in measured],
         "reward_mean": [m["reward_mean"] for m in measured],
@@ -334,7 +334,7 @@ def worker_trl(spec: dict, result_path: str) -> None:
     from reinforge.config import build_config
     from reinforge.rewards import build_reward
     from reinforge.tasks import build_task, encode_prompt
-    from reinforge.trainer import PromptSampler
+    from reinforge.curriculum import EpochSampler
 
     warmup, steps = spec["warmup"], spec["steps"]
     total = warmup + steps
@@ -343,7 +343,7 @@ def worker_trl(spec: dict, result_path: str) -> None:
     task = build_task(cfg.task)
     train = task.train_examples()
     reward_fn = build_reward(cfg.reward, task)
-    order = PromptSampler(len(train), cfg.trainer.seed)
+    order = EpochSampler(len(train), cfg.trainer.seed)
     rows = [{"prompt": train[i].messages, "example_index": i}
             for _ in range(total) for i in order.next(cfg.trainer.prompts_per_step)]
     dataset = datasets.Dataset.from_list(rows)

@@ -8,6 +8,7 @@ that are accepted.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,16 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the key and what is accepted."""
+
+
+def _rename_key(data, old: str, new: str):
+    """A section's raw dict with a renamed key moved to its new name, so that configs saved by
+    earlier runs still load (and `reinforge reproduce` still works)."""
+    if isinstance(data, dict) and old in data:
+        data = dict(data)
+        value = data.pop(old)
+        data.setdefault(new, value)
+    return data
 
 
 class _Section(BaseModel):
@@ -57,6 +68,19 @@ class ModelConfig(_Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward to save memory (slower)."
     )
+    device: str = Field(
+        "auto",
+        description="Where the policy, its generation copy, the reference model and the critic live "
+        "and compute: 'auto' (the first CUDA GPU when torch sees one, else the CPU), 'cpu', 'cuda' or "
+        "'cuda:N'. Autocast follows it (bf16 autocast on 'cuda' for model.dtype=bfloat16).",
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+            raise ValueError(f"model.device={value!r}: expected auto, cpu, cuda or cuda:N")
+        return value
 
 
 class FewShotExample(_Section):
@@ -213,11 +237,7 @@ class RolloutConfig(_Section):
     def _renamed_keys(cls, data):
         # `vllm_sync_every` became `sync_every` when the HF backend gained its own weight copy;
         # configs saved by earlier runs still load (and `reinforge reproduce` still works).
-        if isinstance(data, dict) and "vllm_sync_every" in data:
-            data = dict(data)
-            value = data.pop("vllm_sync_every")
-            data.setdefault("sync_every", value)
-        return data
+        return _rename_key(data, "vllm_sync_every", "sync_every")
 
     def resolved_hf_bf16_copy(self, model_dtype: str) -> bool:
         return self.hf_bf16_copy if self.hf_bf16_copy is not None else model_dtype == "bfloat16"
@@ -343,18 +363,29 @@ class CriticConfig(_Section):
         0.2, gt=0, description="Clip range of the value update around the old values (None: no clipping)."
     )
     grad_clip: float = Field(1.0, gt=0, description="Max gradient norm of the critic.")
-    warmup_steps: int = Field(
-        0, ge=0, description="RL steps (not optimiser steps) in which only the critic learns; the "
-        "policy update is skipped. The critic uses learner.betas and learner.weight_decay, and is "
-        "a full copy of the model even when the policy trains LoRA adapters.",
+    critic_only_steps: int = Field(
+        0, ge=0, description="The first RL steps (not optimiser steps) in which only the critic "
+        "learns; the policy update is skipped. The critic uses learner.betas and "
+        "learner.weight_decay, and is a full copy of the model even when the policy trains LoRA "
+        "adapters. (Called `warmup_steps` before; that key still loads.)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data):
+        # Renamed so that it is not read as learner.lr_warmup_steps, whose unit is optimiser steps.
+        return _rename_key(data, "warmup_steps", "critic_only_steps")
 
 
 class LearnerConfig(_Section):
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    lr_warmup_steps: int = Field(
+        0, ge=0, description="Linear learning-rate warm-up, in optimiser steps (an RL step makes "
+        "algorithm.epochs x algorithm.mini_batches of them). (Called `warmup_steps` before; that "
+        "key still loads.)",
+    )
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     micro_batch_tokens: int = Field(
         1024,
@@ -378,6 +409,12 @@ class LearnerConfig(_Section):
         "[tokens, vocab] logits of a whole micro-batch never exist. Same values and gradients. "
         "0: compute the whole micro-batch's logits at once (the model's own forward).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data):
+        return _rename_key(data, "warmup_steps", "lr_warmup_steps")
+
 
 
 class TrainerConfig(_Section):

@@ -6,6 +6,7 @@ Nothing here reaches a model hub: every load is ``local_files_only``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -108,15 +109,50 @@ def load_tokenizer(path: str | Path):
     return tok
 
 
-def load_model(cfg: ModelConfig, *, path: str | Path | None = None):
-    """The trainable policy (fp32 master weights; bf16 runs under autocast), LoRA-wrapped if asked."""
+def resolve_device(spec: str = "auto") -> torch.device:
+    """The torch device ``model.device`` names: 'auto' is the first CUDA GPU when torch sees one,
+    else the CPU. Asking for a GPU that is not there fails here, before any weights load."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(
+                f"model.device={spec!r} but torch sees no CUDA GPU (torch {torch.__version__}); install "
+                "a CUDA build of torch (README: GPU users), or set model.device=cpu"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ModelLoadError(
+                f"model.device={spec!r} but torch sees {torch.cuda.device_count()} GPU(s); use cuda:0.."
+                f"cuda:{torch.cuda.device_count() - 1}"
+            )
+    return device
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """Mixed-precision autocast on ``device``'s type for ``dtype`` (None: full precision). The
+    learner, the critic and the generator all take their autocast from here."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def load_model(cfg: ModelConfig, *, path: str | Path | None = None, device: torch.device | None = None):
+    """The trainable policy (fp32 master weights; bf16 runs under autocast), LoRA-wrapped if
+    asked, on ``device`` (default: ``model.device`` resolved)."""
     from transformers import AutoModelForCausalLM
 
     resolved = resolve_model_path(str(path or cfg.path))
+    device = device if device is not None else resolve_device(cfg.device)
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved, dtype=torch.float32, local_files_only=True)
     except Exception as err:  # transformers raises many types; the path is what the user can fix
         raise ModelLoadError(f"could not load a causal LM from model.path={str(resolved)!r}: {err}") from err
+    model = model.to(device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -134,3 +170,35 @@ def load_model(cfg: ModelConfig, *, path: str | Path | None = None):
             ),
         )
     return model
+
+
+def merged_state_dict(model) -> dict[str, torch.Tensor]:
+    """The policy's weights under the base model's Hugging Face names, as a plain state dict: what
+    a generator with its own copy of the weights (vLLM, the HF backend's bf16 copy, a worker in
+    another process) is synced with. For a PEFT (LoRA) model each adapted layer's weight is
+    ``W + scale * B @ A``, computed here without merging the adapters into the model (merging and
+    unmerging would perturb the learner's fp32 weights)."""
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        PeftModel = ()  # type: ignore[assignment]
+    if not isinstance(model, PeftModel):
+        return model.state_dict()
+    base = model.get_base_model()
+    out: dict[str, torch.Tensor] = {}
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
+            adapters = [a for a in getattr(module, "active_adapters", []) if a in getattr(module, "lora_A", {})]
+            if adapters and not getattr(module, "disable_adapters", False):
+                with torch.no_grad():
+                    delta = sum(module.get_delta_weight(a) for a in adapters)
+                deltas[f"{name}.weight"] = delta
+    for key, tensor in base.state_dict().items():
+        if "lora_" in key or ".modules_to_save." in key:
+            continue
+        key = key.replace(".base_layer.", ".").replace(".original_module.", ".")
+        if key in deltas:
+            tensor = tensor + deltas[key].to(tensor.dtype)
+        out[key] = tensor
+    return out

@@ -11,7 +11,8 @@ import torch
 from reinforge.batch import TrainBatch
 from reinforge.config import AlgorithmConfig, LearnerConfig
 from reinforge.learner import Learner
-from reinforge.rollout import HFGenerator, SamplingParams, build_generator
+from reinforge.models import merged_state_dict
+from reinforge.rollout import Generator, HFGenerator, SamplingParams, build_generator
 from reinforge.rollout.hf import left_pad, sample_tokens, sampling_logprobs
 from test_rollout_learner import _forward_logprobs as _full_forward_logprobs
 from test_rollout_learner import _prompts
@@ -113,7 +114,7 @@ def test_bf16_copy_generates_from_its_own_weights_and_syncs_after_an_update(tiny
     tok = tiny_tokenizer
     model = copy.deepcopy(tiny_model)
     gen = HFGenerator(model, tok, copy_dtype=torch.bfloat16)
-    assert gen.separate_weights and gen.engine is not model
+    assert gen.needs_sync and gen.engine is not model
     assert next(gen.engine.parameters()).dtype == torch.bfloat16 and next(model.parameters()).dtype == torch.float32
     # tied embeddings stay tied in the copy (one tensor, not two)
     assert sum(p.numel() for p in gen.engine.parameters()) == sum(p.numel() for p in model.parameters())
@@ -131,11 +132,21 @@ def test_bf16_copy_generates_from_its_own_weights_and_syncs_after_an_update(tiny
     moved = (_forward_logprobs(model, rollout) - learner_lp).abs().max()
     stale = (_forward_logprobs(gen.engine, rollout) - _forward_logprobs(model, rollout)).abs().max()
     assert moved > 0.1 and stale > 0.1  # the update moved the learner, not the copy
-    gen.sync_weights(model)
+    assert rollout.versions.tolist() == [0] * len(rollout)
+    # Synced from a state dict (tensors, not the live module: what crosses a process boundary).
+    state = {k: v.clone() for k, v in merged_state_dict(model).items()}
+    gen.sync_weights(state, version=1)
     synced = (_forward_logprobs(gen.engine, rollout) - _forward_logprobs(model, rollout)).abs().max()
     assert synced < 0.1 and synced < stale / 3
     for name, p in model.state_dict().items():
         assert torch.equal(gen.engine.state_dict()[name], p.to(torch.bfloat16)), name
+    with torch.no_grad():  # the copy holds its own tensors: changing the source changes nothing
+        for v in state.values():
+            v.zero_()
+    assert all(torch.equal(gen.engine.state_dict()[n], p.to(torch.bfloat16)) for n, p in model.state_dict().items())
+    after = gen.generate(prompts, SamplingParams(num_samples=2, max_new_tokens=4))
+    assert after.versions.tolist() == [1] * len(after)  # every row records the weights that sampled it
+    assert isinstance(gen, Generator)
 
 
 def test_bf16_copy_of_a_lora_policy_holds_the_merged_weights(tiny_model, tiny_tokenizer):
@@ -163,7 +174,7 @@ def test_bf16_copy_follows_model_dtype_unless_set(tiny_model, tiny_tokenizer, dt
     overrides = [f"model.dtype={dtype}"] + ([] if flag is None else [f"rollout.hf_bf16_copy={str(flag).lower()}"])
     cfg = build_config({}, overrides)
     gen = build_generator(cfg.rollout, tiny_model, tiny_tokenizer, model_path="unused", model_dtype=dtype)
-    assert gen.separate_weights is expect_copy
+    assert gen.needs_sync is expect_copy
     assert (gen.engine is tiny_model) is (not expect_copy)
 
 
@@ -192,12 +203,12 @@ def test_trainer_with_bf16_copy_syncs_and_logs_mismatch_without_extra_forward(tm
                                "trainer.eval_every=0", "trainer.eval_at_start=false", "learner.lr=1e-2")
     trainer = Trainer(cfg)
     result = trainer.run()
-    assert trainer.generator.separate_weights
+    assert trainer.generator.needs_sync
     assert calls == []  # the mismatch came from the update's own forward pass
     metrics = RunDir.open(result.run_dir).read_metrics()
     for m in metrics:
         assert 0 <= m["logprob_diff_mean"] <= m["logprob_diff_max"] < 0.5
-        assert m["time_weight_sync"] >= 0
+        assert m["time_sync"] >= 0
     for name, p in trainer.model.state_dict().items():  # synced after the last update
         assert torch.equal(trainer.generator.engine.state_dict()[name], p.to(torch.bfloat16)), name
 

@@ -44,7 +44,7 @@ def test_reproduce_matches_exactly(original, reproduction):
     report = json.loads((reproduction / "reproduction.json").read_text())
     assert report["matched"] is True and report["steps_compared"] == 2
     assert report["first_mismatch_step"] is None and report["mismatches"] == []
-    assert {"time", "time_generate", "time_step", "tokens_per_s"} <= set(report["ignored_keys"])
+    assert {"time", "time_collect", "time_step", "tokens_per_s"} <= set(report["ignored_keys"])
     md = (reproduction / "reproduction.md").read_text()
     assert "Exact match" in md and "`tokens_per_s`" in md
     rd = RunDir.open(reproduction)
@@ -101,7 +101,7 @@ def test_reproduce_with_a_changed_setting_fails_and_says_where(original, capsys)
 
 
 def test_timing_keys():
-    for key in ("time", "time_step", "time_generate", "tokens_per_s", "train_time_s", "wall_time_s_this_session"):
+    for key in ("time", "time_step", "time_collect", "tokens_per_s", "train_time_s", "wall_time_s_this_session"):
         assert is_timing_key(key), key
     for key in ("loss", "reward_mean", "completion_length", "timeout_frac", "lr"):
         assert not is_timing_key(key), key

@@ -187,11 +187,11 @@ def _assert_grads_close(got: dict, want: dict, rel: float) -> None:
 
 def _logprob_loss_and_grads(model, rollout, *, chunk, share, temperature=0.7):
     """Log-probs, entropies and the gradients of a loss using both, from one micro-batch."""
-    from reinforge.learner.learner import _micro_inputs
+    from reinforge.learner.forward import micro_inputs
 
     learner = Learner(model, LearnerConfig(logits_chunk_tokens=chunk, share_prompt_prefix=share),
                       AlgorithmConfig(), temperature=temperature)
-    mi = _micro_inputs(rollout, torch.arange(len(rollout)), share_prefix=learner.share_prefix)
+    mi = micro_inputs(rollout, torch.arange(len(rollout)), share_prefix=learner.share_prefix)
     model.zero_grad(set_to_none=True)
     lp, ent = learner._token_logprobs(model, mi, entropy="grad")
     w = torch.linspace(-1.0, 1.0, lp.numel()).reshape(lp.shape)
@@ -222,7 +222,7 @@ def test_chunked_logprobs_with_lora(tiny_model, tiny_tokenizer, targets):
     wraps it; both give the plain path's values and adapter gradients."""
     from peft import LoraConfig, get_peft_model
 
-    from reinforge.learner.learner import _body_and_head
+    from reinforge.learner.forward import body_and_head
 
     gen = HFGenerator(tiny_model, tiny_tokenizer)
     rollout, _ = _batch(gen, tiny_tokenizer)
@@ -231,7 +231,7 @@ def test_chunked_logprobs_with_lora(tiny_model, tiny_tokenizer, targets):
         torch.manual_seed(1)
         model = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=4, lora_alpha=8, target_modules=targets,
                                                                      init_lora_weights=False))
-        body, head = _body_and_head(model)
+        body, head = body_and_head(model)
         assert (type(head) is torch.nn.Linear) == (targets == "all-linear")
         results.append(_logprob_loss_and_grads(model, rollout, chunk=chunk, share=True))
     (lp0, ent0, g0), (lp1, ent1, g1) = results

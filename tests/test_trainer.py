@@ -73,6 +73,14 @@ def test_reward_rises_on_tiny_model(tmp_path, tiny_model_dir):
                  "learning_curves.png", "summary.md", "summary.json", "final_model/config.json"):
         assert (rd.path / name).exists(), name
     assert not list(rd.path.rglob(".tmp*"))
+    # A step is timed phase by phase; the phases make up the step.
+    m = rd.read_metrics()[-1]
+    phases = ("collect", "score", "prepare", "update", "sync")
+    assert all(m[f"time_{p}"] > 0 for p in phases) and m["time_log"] >= 0
+    assert m["time_step"] == pytest.approx(sum(m[f"time_{p}"] for p in phases))
+    # Every logged sample records the weight version that sampled it: the policy after step - 1.
+    samples = [json.loads(line) for line in (rd.path / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] - s["version"] for s in samples} == {1}
 
 
 def test_resume_continues_exactly(tmp_path, tiny_model_dir):

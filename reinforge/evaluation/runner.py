@@ -49,12 +49,13 @@ def heldout_examples(task: "Task", max_prompts: int | None = None) -> list["Exam
 
 
 def generate_and_score(generator, reward_fn, examples: Sequence["Example"], encode: Callable, params):
-    """``params.num_samples`` completions per example (rows of one prompt contiguous) and one
-    RewardOutcome per completion; returns (rollout, outcomes)."""
+    """``params.num_samples`` completions per example (rows of one prompt contiguous), scored
+    row by row; returns (rollout, ``rewards.Scores``). The trainer's ReMax baseline and every
+    evaluation go through here."""
     rollout = generator.generate([encode(e) for e in examples], params)
     g = params.num_samples
     per_row = [examples[i // g] for i in range(len(examples) * g)]
-    return rollout, reward_fn(rollout.texts, per_row)
+    return rollout, reward_fn.score(rollout, per_row)
 
 
 def greedy_heldout_eval(
@@ -64,10 +65,11 @@ def greedy_heldout_eval(
     fully correct answers only. Returns (summary with bootstrap intervals, per-prompt rows)."""
     from reinforge.rollout import SamplingParams
 
-    rollout, outcomes = generate_and_score(
+    rollout, scores = generate_and_score(
         generator, reward_fn, examples, encode,
         SamplingParams(num_samples=1, max_new_tokens=max_new_tokens, greedy=True),
     )
+    outcomes = scores.outcomes
     correct = [float(o.correct) for o in outcomes]
     rewards = [o.reward for o in outcomes]
     summary = accuracy_summary(correct, rewards, seed=seed)
@@ -256,7 +258,8 @@ def sampled_eval(
     params = SamplingParams(num_samples=samples, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens)
     encode = functools.partial(encode_prompt, tokenizer)
-    rollout, outcomes = generate_and_score(generator, setup.reward_fn, setup.examples, encode, params)
+    rollout, scores = generate_and_score(generator, setup.reward_fn, setup.examples, encode, params)
+    outcomes = scores.outcomes
     lengths = rollout.completion_lengths.tolist()
     rows = []
     for i, e in enumerate(setup.examples):

@@ -7,15 +7,13 @@ policy: separate weights, separate AdamW, saved in the same checkpoint.
 
 from __future__ import annotations
 
-import contextlib
-import math
-
 import torch
 
 from ..algorithms import aggregate_loss, value_loss
 from ..batch import RolloutBatch, TrainBatch
 from ..config import CriticConfig
-from .learner import _micro_inputs, plan_micro_batches
+from ..models import autocast, model_device
+from .forward import guarded_step, micro_inputs, plan_micro_batches
 
 
 class Critic(torch.nn.Module):
@@ -27,7 +25,8 @@ class Critic(torch.nn.Module):
         self.body = causal_lm.get_decoder()
         hidden = causal_lm.config.hidden_size
         # A zero head starts every value at 0: the first advantages are the plain returns.
-        self.head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
+        self.device = model_device(causal_lm)
+        self.head = torch.nn.Linear(hidden, 1, dtype=torch.float32, device=self.device)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
         self.cfg = cfg
@@ -35,37 +34,33 @@ class Critic(torch.nn.Module):
         self.autocast_dtype = autocast_dtype
         self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.lr, betas=betas, weight_decay=weight_decay)
 
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type="cpu", dtype=self.autocast_dtype)
-
     def _plan(self, rollout: RolloutBatch) -> list[torch.Tensor]:
         return plan_micro_batches(rollout.prompt_mask.sum(dim=1), rollout.completion_mask.sum(dim=1),
                                   self.micro_batch_tokens)
 
     def _values(self, rollout: RolloutBatch, rows: torch.Tensor):
-        mi = _micro_inputs(rollout, rows)
+        mi = micro_inputs(rollout, rows, device=self.device)
         cw = mi.completion_ids.shape[1]
-        with self._autocast():
+        with autocast(self.device, self.autocast_dtype):
             hidden = self.body(input_ids=mi.input_ids, attention_mask=mi.attention_mask,
                                position_ids=mi.position_ids, use_cache=False).last_hidden_state
         # Position p's state predicts token p+1: the states before the completion tokens are the
         # last cw+1 positions without the final one.
         h = hidden[:, -(cw + 1):-1].float()
         v = self.head(h).squeeze(-1)
-        return v.masked_fill(~mi.completion_mask, 0.0), mi.completion_mask, cw
+        return v.masked_fill(~mi.action_mask, 0.0), mi.action_mask, cw
 
     @torch.no_grad()
     def values(self, rollout: RolloutBatch) -> torch.Tensor:
-        """[N, T] value of the state before each completion token; 0 on padding."""
+        """[N, T] value of the state before each of the model's tokens, on the CPU; 0 on padding
+        and observation tokens."""
         out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32)
         was = self.training
         self.eval()
         try:
             for rows in self._plan(rollout):
                 v, _, cw = self._values(rollout, rows)
-                out[rows, :cw] = v
+                out[rows, :cw] = v.cpu()
         finally:
             self.train(was)
         return out
@@ -82,10 +77,10 @@ class Critic(torch.nn.Module):
         self.optimizer.zero_grad(set_to_none=True)
         total, clip_frac, finite = 0.0, 0.0, True
         for rows in self._plan(rollout):
-            v, cmask, cw = self._values(rollout, rows)
-            m = loss_mask[rows, :cw] & cmask
-            per_token, stats = value_loss(v, batch.old_values[rows, :cw], batch.returns[rows, :cw], m,
-                                          clip_eps=self.cfg.value_clip)
+            v, actions, cw = self._values(rollout, rows)
+            m = loss_mask[rows, :cw].to(self.device) & actions
+            per_token, stats = value_loss(v, batch.old_values[rows, :cw].to(self.device),
+                                          batch.returns[rows, :cw].to(self.device), m, clip_eps=self.cfg.value_clip)
             loss = aggregate_loss(per_token, m, "token_mean", num_tokens=n_tok)
             if not torch.isfinite(loss):
                 finite = False
@@ -93,19 +88,14 @@ class Critic(torch.nn.Module):
             loss.backward()
             total += float(loss.detach())
             clip_frac += float(stats["vf_clip_fraction"]) * float(m.sum()) / n_tok
-        grad_norm = float("nan")
-        if finite:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters(), self.cfg.grad_clip))
-            finite = math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, _ = guarded_step(self.optimizer, list(self.parameters()), self.cfg.grad_clip, finite=finite)
         return {"value_loss": total, "vf_clip_fraction": clip_frac, "critic_grad_norm": grad_norm}
 
-    def checkpoint_state(self) -> dict:
-        return {"weights": {k: v.detach().clone() for k, v in self.state_dict().items()},
+    def state(self) -> dict:
+        """Weights (CPU copies) and optimiser state: the critic's part of ``Learner.state_dict``."""
+        return {"weights": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()},
                 "optimizer": self.optimizer.state_dict()}
 
-    def load_checkpoint_state(self, state: dict) -> None:
+    def load(self, state: dict) -> None:
         self.load_state_dict(state["weights"])
         self.optimizer.load_state_dict(state["optimizer"])

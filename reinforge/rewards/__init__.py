@@ -6,7 +6,9 @@ from reinforge.rewards.compose import (
     CORRECTNESS_VERIFIERS,
     RewardFunction,
     RewardOutcome,
+    Scores,
     build_reward,
+    concat_scores,
 )
 from reinforge.rewards.extract import ANSWER_FORMATS, extract_answer, is_well_formed
 from reinforge.rewards.verifiers import (
@@ -26,11 +28,13 @@ __all__ = [
     "MathVerifyVerifier",
     "RewardFunction",
     "RewardOutcome",
+    "Scores",
     "TaskVerifier",
     "Verifier",
     "VerifierResult",
     "VerifierTimeout",
     "build_reward",
+    "concat_scores",
     "call_with_deadline",
     "extract_answer",
     "is_well_formed",

@@ -1,4 +1,5 @@
-"""Weighted composition of verifiers into one reward per completion."""
+"""Weighted composition of verifiers into one reward per trajectory (and, where verifiers give
+them, token rewards), then length shaping: the score phase of a training step."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from reinforge.batch import RolloutBatch, Trajectory
 from reinforge.rewards._deadline import call_with_deadline
+from reinforge.rewards.shaping import LengthShaping
 from reinforge.rewards.verifiers import (
     ExactMatchVerifier,
     FormatVerifier,
@@ -32,12 +37,59 @@ CORRECTNESS_VERIFIERS = frozenset({"task", "math_verify", "exact_match", "python
 class RewardOutcome:
     """reward: sum of weight * score. correct: some correctness verifier judged it right.
     components: each verifier's unweighted score, by name. errors: "name: Type: message" for each
-    verifier that raised (its score is then 0)."""
+    verifier that raised (its score is then 0). token_rewards: sum of weight * token rewards of
+    the verifiers that gave them (None when none did)."""
 
     reward: float
     correct: bool
     components: dict[str, float]
     errors: list[str] = field(default_factory=list)
+    token_rewards: list[float] | None = None
+
+
+@dataclass
+class Scores:
+    """A batch's scores, row by row (N rows, T tokens after the prompt, as in RolloutBatch).
+
+    outcomes:       one RewardOutcome per row.
+    rewards:        [N] float32, the verifiers' weighted sum before shaping (what accuracy and
+                    DAPO's dynamic-sampling filter read).
+    shaped:         [N] float32, ``rewards`` plus length shaping (what advantages are computed from).
+    token_rewards:  [N, T] float32 or None, the verifiers' token rewards on the model's own
+                    tokens (0 elsewhere); None when no verifier gave any.
+    """
+
+    outcomes: list[RewardOutcome]
+    rewards: torch.Tensor
+    shaped: torch.Tensor
+    token_rewards: torch.Tensor | None = None
+
+    @property
+    def correct(self) -> torch.Tensor:
+        return torch.tensor([float(o.correct) for o in self.outcomes])
+
+    def select(self, rows: torch.Tensor, width: int) -> "Scores":
+        """The given rows, token rewards trimmed to ``width`` (as RolloutBatch.select trims)."""
+        picked = rows.tolist()
+        return Scores(
+            outcomes=[self.outcomes[i] for i in picked], rewards=self.rewards[rows], shaped=self.shaped[rows],
+            token_rewards=None if self.token_rewards is None else self.token_rewards[rows, :width],
+        )
+
+
+def concat_scores(parts: list[Scores], width: int) -> Scores:
+    """One Scores from several (the rounds of dynamic sampling), token rewards right-padded."""
+    token = None
+    if any(p.token_rewards is not None for p in parts):
+        token = torch.cat([
+            torch.nn.functional.pad(p.token_rewards, (0, width - p.token_rewards.shape[1]))
+            if p.token_rewards is not None else torch.zeros(len(p.rewards), width)
+            for p in parts
+        ])
+    return Scores(
+        outcomes=[o for p in parts for o in p.outcomes], rewards=torch.cat([p.rewards for p in parts]),
+        shaped=torch.cat([p.shaped for p in parts]), token_rewards=token,
+    )
 
 
 class RewardFunction:
@@ -49,10 +101,13 @@ class RewardFunction:
                        (default: task, math_verify, exact_match).
     correct_threshold: the score that counts as correct for a verifier that gives no verdict.
     timeout_s:         time limit of one verifier call (any thread); over it, the call is an error.
+    shaping:           length shaping added to the reward in ``score`` (DAPO's soft overlong
+                       punishment), or None.
 
     A verifier with a ``score_batch(completions, examples)`` method (the code verifier, which runs
     a batch in parallel) is called once per batch instead; it returns one VerifierResult or
-    Exception per sample and bounds its own time.
+    Exception per sample and bounds its own time. A verifier with ``takes_trajectory = True`` is
+    called with the row's ``Trajectory`` (tokens, action mask, segments) instead of its text.
     """
 
     def __init__(
@@ -62,12 +117,14 @@ class RewardFunction:
         *,
         correct_threshold: float = 1.0,
         timeout_s: float | None = 30.0,
+        shaping: LengthShaping | None = None,
     ) -> None:
         if not verifiers:
             raise ValueError("a reward function needs at least one verifier")
         self.correctness_names = frozenset(correctness_names)
         self.correct_threshold = correct_threshold
         self.timeout_s = timeout_s
+        self.shaping = shaping
         self.error_count = 0
         self._warned: set[tuple[str, str]] = set()
         self._entries: list[tuple[str, Verifier, float, bool]] = []
@@ -78,11 +135,12 @@ class RewardFunction:
             key = base if seen[base] == 1 else f"{base}_{seen[base]}"
             self._entries.append((key, verifier, float(weight), base in self.correctness_names))
 
-    @property
-    def component_names(self) -> list[str]:
-        return [key for key, *_ in self._entries]
-
-    def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardOutcome]:
+    def __call__(
+        self, completions: Sequence[str], examples: Sequence[Example],
+        trajectories: Sequence[Trajectory] | None = None,
+    ) -> list[RewardOutcome]:
+        """One RewardOutcome per completion text (and its trajectory, when given: verifiers that
+        take trajectories need it)."""
         if len(completions) != len(examples):
             raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
         batched: dict[str, list] = {}
@@ -92,34 +150,69 @@ class RewardFunction:
                     batched[key] = list(verifier.score_batch(completions, examples))
                 except Exception as err:  # noqa: BLE001 - every sample gets this error
                     batched[key] = [err] * len(completions)
-        return [self._score_one(c, e, {k: v[i] for k, v in batched.items()})
+        return [self._score_one(c, e, {k: v[i] for k, v in batched.items()},
+                                trajectories[i] if trajectories is not None else None)
                 for i, (c, e) in enumerate(zip(completions, examples))]
 
-    def _score_one(self, completion: str, example: Example, batched: dict | None = None) -> RewardOutcome:
+    def score(self, rollout: RolloutBatch, examples: Sequence[Example]) -> Scores:
+        """Score every row of ``rollout`` (``examples``: one per row) and shape the rewards by the
+        number of tokens the model wrote."""
+        trajectories = [rollout.trajectory(i) for i in range(len(rollout))]
+        outcomes = self(rollout.texts, examples, trajectories)
+        rewards = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
+        shaped = rewards if self.shaping is None else rewards + self.shaping(rollout.action_lengths)
+        token = None
+        if any(o.token_rewards is not None for o in outcomes):
+            token = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32)
+            for i, o in enumerate(outcomes):
+                if o.token_rewards is not None:
+                    token[i, : len(o.token_rewards)] = torch.tensor(o.token_rewards, dtype=torch.float32)
+            token = token.masked_fill(~rollout.action_mask, 0.0)
+        return Scores(outcomes=outcomes, rewards=rewards, shaped=shaped, token_rewards=token)
+
+    def _score_one(
+        self, completion: str, example: Example, batched: dict | None = None, trajectory: Trajectory | None = None
+    ) -> RewardOutcome:
         reward, correct = 0.0, False
         components: dict[str, float] = {}
         errors: list[str] = []
+        token: list[float] | None = None
         for key, verifier, weight, judges in self._entries:
             try:
                 if batched and key in batched:
                     result = batched[key]
                     if isinstance(result, BaseException):
                         raise result
+                elif getattr(verifier, "takes_trajectory", False):
+                    if trajectory is None:
+                        raise ValueError("this verifier scores trajectories; score the batch with RewardFunction.score")
+                    result = call_with_deadline(lambda: verifier(trajectory, example), self.timeout_s)
                 else:
                     result = call_with_deadline(lambda: verifier(completion, example), self.timeout_s)
                 score = float(result.score)
                 if not math.isfinite(score):
                     raise ValueError(f"non-finite score {score}")
+                token_rewards = getattr(result, "token_rewards", None)
+                if token_rewards is not None:
+                    token_rewards = [float(x) for x in token_rewards]
+                    n = len(trajectory) if trajectory is not None else None
+                    if n is None or len(token_rewards) != n:
+                        raise ValueError(f"{len(token_rewards)} token rewards for a trajectory of {n} tokens")
+                    if not all(math.isfinite(x) for x in token_rewards):
+                        raise ValueError("non-finite token reward")
             except Exception as err:  # noqa: BLE001 - a verifier bug must not stop the batch
                 errors.append(self._record_error(key, err, example))
                 components[key] = 0.0
                 continue
             components[key] = score
             reward += weight * score
+            if token_rewards is not None:
+                token = [0.0] * len(token_rewards) if token is None else token
+                token = [t + weight * x for t, x in zip(token, token_rewards)]
             if judges:
                 verdict = result.correct
                 correct = correct or bool(score >= self.correct_threshold if verdict is None else verdict)
-        return RewardOutcome(reward=reward, correct=correct, components=components, errors=errors)
+        return RewardOutcome(reward=reward, correct=correct, components=components, errors=errors, token_rewards=token)
 
     def _record_error(self, key: str, err: Exception, example: Example) -> str:
         self.error_count += 1
@@ -175,9 +268,9 @@ def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task
     return FormatVerifier(answer_format=fmt)
 
 
-def build_reward(cfg: "RewardConfig", task: Task) -> RewardFunction:
+def build_reward(cfg: "RewardConfig", task: Task, *, max_new_tokens: int | None = None) -> RewardFunction:
     """The reward function a config describes; bad verifier options fail here, before any model
-    loads."""
+    loads. With ``max_new_tokens`` (training), the configured length shaping is part of it."""
     needed = getattr(task, "needs_verifier", None)  # e.g. code tasks: only running code scores them
     if needed and not any(spec.name == needed for spec in cfg.verifiers):
         raise ValueError(f"task {task.name} is scored by the {needed!r} verifier; set "
@@ -191,4 +284,5 @@ def build_reward(cfg: "RewardConfig", task: Task) -> RewardFunction:
             "reward.verifiers has no correctness verifier (task, math_verify or exact_match): "
             "accuracy will read 0"
         )
-    return RewardFunction(verifiers, CORRECTNESS_VERIFIERS, correct_threshold=cfg.correct_threshold)
+    shaping = LengthShaping.from_config(cfg, max_new_tokens) if max_new_tokens is not None else None
+    return RewardFunction(verifiers, CORRECTNESS_VERIFIERS, correct_threshold=cfg.correct_threshold, shaping=shaping)

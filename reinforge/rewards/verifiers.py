@@ -16,11 +16,17 @@ from reinforge.tasks.base import Example, Task, normalize_answer
 @dataclass
 class VerifierResult:
     """score: the verifier's reward, usually in [0, 1]. correct: whether the answer is right
-    (None for verifiers that do not judge correctness, e.g. format)."""
+    (None for verifiers that do not judge correctness, e.g. format).
+
+    token_rewards: optional dense rewards, one per token of the trajectory after the prompt
+    (``Trajectory.token_ids``), for verifiers that judge parts of a completion (a process reward
+    model's step scores sit on each step's last token). Only the model's own tokens keep theirs.
+    A verifier sees the trajectory instead of the text when it sets ``takes_trajectory = True``."""
 
     score: float
     correct: bool | None = None
     details: dict = field(default_factory=dict)
+    token_rewards: list[float] | None = None
 
 
 @runtime_checkable

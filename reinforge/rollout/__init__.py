@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from .hf import HFGenerator, SamplingParams, left_pad
+from .base import Generator, SamplingParams
+from .hf import HFGenerator, left_pad
 
 
 def __getattr__(name: str):
@@ -31,9 +32,9 @@ def build_generator(
     """The generator that ``rollout_cfg.backend`` names (a ``RolloutConfig``).
 
     ``hf`` generates with ``model`` itself, or with a bf16 copy of it (``rollout.hf_bf16_copy``);
-    ``vllm`` starts an in-process engine from ``model_path`` in ``model_dtype``. A generator with
-    ``separate_weights`` gets ``model``'s weights after updates through
-    ``generator.sync_weights(model)``."""
+    ``vllm`` starts an in-process engine from ``model_path`` in ``model_dtype``. Either is a
+    ``Generator``: one with ``needs_sync`` gets the policy's weights after updates through
+    ``generator.sync_weights(state_dict, version)``."""
     if rollout_cfg.backend == "hf":
         return HFGenerator(
             model, tokenizer, batch_size=rollout_cfg.generation_batch_size, autocast_dtype=autocast_dtype,
@@ -57,4 +58,4 @@ def build_generator(
     raise ValueError(f"unknown rollout.backend {rollout_cfg.backend!r}; accepted: hf, vllm")
 
 
-__all__ = ["HFGenerator", "SamplingParams", "VLLMGenerator", "build_generator", "left_pad"]
+__all__ = ["Generator", "HFGenerator", "SamplingParams", "VLLMGenerator", "build_generator", "left_pad"]

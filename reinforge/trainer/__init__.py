@@ -1,5 +1,5 @@
 """The controller loop, checkpoints and resume."""
 
-from .trainer import PromptSampler, RunResult, Trainer
+from .trainer import RunResult, Trainer
 
-__all__ = ["PromptSampler", "RunResult", "Trainer"]
+__all__ = ["RunResult", "Trainer"]

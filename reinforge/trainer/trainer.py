@@ -1,5 +1,17 @@
-"""The controller loop. It reads as the algorithm: sample prompts, generate, score, compute
-advantages, update, evaluate, checkpoint, log. It is the one place that knows every part."""
+"""The controller loop. A step reads as the algorithm, in named phases:
+
+    collect  the curriculum picks prompts; the generator samples trajectories
+    score    the reward function scores them (and shapes by length); the curriculum keeps groups,
+             and collect/score repeat while it wants more (dynamic sampling)
+    prepare  what the algorithm's components declare they need: old and reference log-probs,
+             importance weights, critic values, ReMax's greedy baseline; then the advantages
+    update   the learner's optimiser steps over epochs x mini-batches
+    sync     the generator gets the new weights (a state dict and a version)
+    log      metrics and samples into the run directory
+
+Each phase is a method with a typed result, and is timed as ``time_<phase>`` in the metrics. This
+is the one place that knows every part.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +24,8 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,54 +33,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import compute_advantages, informative_groups, kl_penalty, truncated_importance_weights
+from ..algorithms import compute_advantages, kl_penalty, truncated_importance_weights
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
+from ..curriculum import build_curriculum
 from ..evaluation import paired_bootstrap_diff
-from ..evaluation.runner import greedy_heldout_eval
+from ..evaluation.runner import generate_and_score, greedy_heldout_eval
 from ..learner import Learner
 from ..learner.critic import Critic
 from ..learner.memory import check_memory
-from ..models import load_model, load_tokenizer, resolve_model_path
-from ..rewards import build_reward
-from ..rewards.shaping import soft_overlong_penalty
+from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
+from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
-from ..tasks import build_task, encode_prompt
+from ..tasks import Example, build_task, encode_prompt
 from ..tracking import RunDir
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from .progress import Progress
 
 log = logging.getLogger("reinforge")
-
-
-class PromptSampler:
-    """Seeded epochs over the training prompts; its position is part of every checkpoint."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed = n, seed
-        self.epoch, self.pos = 0, 0
-        self._perm = self._permutation()
-
-    def _permutation(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
-
-    def next(self, k: int) -> list[int]:
-        out = []
-        while len(out) < k:
-            if self.pos >= self.n:
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._perm = self._permutation()
-            take = min(k - len(out), self.n - self.pos)
-            out.extend(int(i) for i in self._perm[self.pos : self.pos + take])
-            self.pos += take
-        return out
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load(self, state: dict[str, int]) -> None:
-        self.epoch, self.pos = state["epoch"], state["pos"]
-        self._perm = self._permutation()
 
 
 class StopRequested(Exception):
@@ -78,6 +62,84 @@ class RunResult:
     run_dir: Path
     steps_done: int
     summary: dict[str, Any] = field(default_factory=dict)
+
+
+# -- what crosses the phase boundaries -------------------------------------------------------
+@dataclass
+class Collected:
+    """The collect phase: ``rollout`` sampled for ``examples`` (one per group, in group order),
+    which are the training examples at ``indices``."""
+
+    rollout: RolloutBatch
+    examples: list[Example]
+    indices: list[int]
+
+
+@dataclass
+class Scored:
+    """The score phase, after the curriculum kept its groups: the rollout, its examples (one per
+    group), the scores (one per row), and the rounds it took (``info``)."""
+
+    rollout: RolloutBatch
+    examples: list[Example]
+    scores: Scores
+    info: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def row_examples(self) -> list[Example]:
+        return [self.examples[int(g)] for g in self.rollout.group_index]
+
+
+@dataclass
+class Prepared:
+    """The prepare phase: the learner's batch, and what it measured on the way (sampler/learner
+    log-prob mismatch, KL-in-reward)."""
+
+    batch: TrainBatch
+    info: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Needs:
+    """What the configured algorithm components need from the trainer."""
+
+    old_logprobs: bool
+    reference: bool
+    critic: bool
+    greedy_baseline: bool
+
+
+def _needs(algo) -> Needs:
+    # A forward pass for the policy's own log-probs at rollout time is needed whenever the policy
+    # will have moved before a token is trained on, or for the pieces that read them. Otherwise
+    # the single update's own forward gives them (the learner keeps them detached), and a
+    # generator with its own weights has its mismatch measured from those.
+    return Needs(
+        old_logprobs=(algo.epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
+                      or algo.cov_penalty != "none" or algo.kl_reward_coef > 0),
+        reference=algo.kl_coef > 0 or algo.kl_reward_coef > 0,
+        critic=algo.advantage == "gae",
+        greedy_baseline=algo.advantage == "remax",
+    )
+
+
+class PhaseTimer:
+    """Wall time per named phase within one step (phases that repeat, like collect and score
+    under dynamic sampling, add up)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time_{k}": v for k, v in self.times.items()}
 
 
 class Trainer:
@@ -95,55 +157,53 @@ class Trainer:
         torch.manual_seed(cfg.trainer.seed)
         np.random.seed(cfg.trainer.seed % 2**32)
         random.seed(cfg.trainer.seed)
-        # Cheap failures first: the task and the model path are checked before any weights load.
+        # Cheap failures first: the task, the device and the model path are checked before any
+        # weights load.
         self.task = build_task(cfg.task)
         self.train_examples = self.task.train_examples()
         eval_examples = self.task.eval_examples()
         if cfg.trainer.eval_max_prompts is not None:
             eval_examples = eval_examples[: cfg.trainer.eval_max_prompts]
         self.eval_examples = list(eval_examples)
-        self.reward_fn = build_reward(cfg.reward, self.task)
+        self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens)
+        self.device = resolve_device(cfg.model.device)
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
         # Memory guard: estimate the peak from the config before any weights load; warn naming the
         # setting to change when it will not fit (reinforge/learner/memory.py).
         prompt_tokens = max((len(encode_prompt(self.tokenizer, e)) for e in self.train_examples[:64]), default=1)
-        check_memory(cfg, model_path, prompt_tokens=prompt_tokens)
-        self.model = load_model(cfg.model, path=model_path)
+        check_memory(cfg, model_path, prompt_tokens=prompt_tokens, device=str(self.device))
+        self.model = load_model(cfg.model, path=model_path, device=self.device)
         self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
         algo = cfg.algorithm
-        self.uses_reference = algo.kl_coef > 0 or algo.kl_reward_coef > 0
+        self.needs = _needs(algo)
+        full_copy = cfg.model.model_copy(update={"lora": None})
         reference = None
-        if self.uses_reference and cfg.model.lora is None:
-            reference = load_model(cfg.model.model_copy(update={"lora": None}), path=model_path).eval()
+        if self.needs.reference and cfg.model.lora is None:  # (with LoRA: the base, adapters off)
+            reference = load_model(full_copy, path=model_path, device=self.device).eval()
             for p in reference.parameters():
                 p.requires_grad_(False)
-        self.critic = None
-        if algo.advantage == "gae":
-            self.critic = Critic(
-                load_model(cfg.model.model_copy(update={"lora": None}), path=model_path), cfg.critic,
+        critic = None
+        if self.needs.critic:
+            critic = Critic(
+                load_model(full_copy, path=model_path, device=self.device), cfg.critic,
                 micro_batch_tokens=cfg.learner.micro_batch_tokens, autocast_dtype=self.autocast_dtype,
                 betas=tuple(cfg.learner.betas), weight_decay=cfg.learner.weight_decay,
             )
-        # A forward pass for the policy's own log-probs at rollout time is needed whenever the
-        # policy will have moved before a token is trained on, or for the pieces that read them.
-        # Otherwise the single update's own forward gives them (the learner keeps them detached),
-        # and a generator with its own weights has its mismatch measured from those.
-        self.needs_old_logprobs = (
-            algo.epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
-            or algo.cov_penalty != "none" or algo.kl_reward_coef > 0
-        )
         self.generator = build_generator(
             cfg.rollout, self.model, self.tokenizer, model_path=model_path, model_dtype=cfg.model.dtype,
             autocast_dtype=self.autocast_dtype, seed=cfg.trainer.seed,
         )
-        self.separate_weights = bool(getattr(self.generator, "separate_weights", False))
         self.learner = Learner(
             self.model, cfg.learner, cfg.algorithm,
             temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-            autocast_dtype=self.autocast_dtype, reference_model=reference,
+            autocast_dtype=self.autocast_dtype, reference_model=reference, critic=critic,
         )
-        self.sampler = PromptSampler(len(self.train_examples), cfg.trainer.seed)
+        self.curriculum = build_curriculum(cfg, len(self.train_examples))
+        self.sampling = SamplingParams(
+            num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
+        )
         self._prompt_cache: dict[str, list[int]] = {}
         self.start_step = 0
         self.nan_streak = 0
@@ -159,33 +219,24 @@ class Trainer:
             self.run_dir.truncate_after(0)
             return
         data = load_checkpoint(ckpt)
-        self.learner.load_trainable_state_dict(data["weights"])
-        if self.separate_weights:  # the engine started from the base weights
-            self.generator.sync_weights(self.model)
-        self.learner.optimizer.load_state_dict(data["optimizer"]["optimizer"])
-        self.learner.scheduler.load_state_dict(data["optimizer"]["scheduler"])
-        if self.critic is not None:
-            self.critic.load_checkpoint_state(data["optimizer"]["critic"])
+        self.learner.load_state_dict({"weights": data["weights"], **data["optimizer"]})
         set_rng_state(data["rng"])
         st = data["state"]
-        self.sampler.load(st["sampler"])
+        self.curriculum.load_state_dict(st["sampler"])
         self.nan_streak = st.get("nan_streak", 0)
         self.start_step = st["step"]
+        # A generator with its own weights started from the base model's.
+        self._sync_generator(self.start_step)
         self.run_dir.truncate_after(self.start_step)
         log.info("resumed %s from step %d", self.run_dir.path, self.start_step)
 
     def _checkpoint(self, step: int) -> None:
-        optimizer_state = {
-            "optimizer": self.learner.optimizer.state_dict(),
-            "scheduler": self.learner.scheduler.state_dict(),
-        }
-        if self.critic is not None:
-            optimizer_state["critic"] = self.critic.checkpoint_state()
+        state = self.learner.state_dict()
         save_checkpoint(
             self.run_dir.path, step,
-            weights=self.learner.trainable_state_dict(),
-            optimizer_state=optimizer_state,
-            trainer_state={"sampler": self.sampler.state(), "nan_streak": self.nan_streak},
+            weights=state.pop("weights"),
+            optimizer_state=state,
+            trainer_state={"sampler": self.curriculum.state_dict(), "nan_streak": self.nan_streak},
             keep=self.cfg.trainer.keep_checkpoints,
         )
 
@@ -205,74 +256,95 @@ class Trainer:
         self.run_dir.log_eval(step, summary, per_prompt)
         return summary
 
-    # -- one step ----------------------------------------------------------------------------
-    def _shape(self, rewards: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Rewards plus DAPO's soft overlong punishment, when configured."""
-        cfg = self.cfg
-        if cfg.reward.overlong_buffer <= 0:
-            return rewards
-        buffer = max(1, round(cfg.reward.overlong_buffer * cfg.rollout.max_new_tokens))
-        return rewards + soft_overlong_penalty(lengths, cfg.rollout.max_new_tokens, buffer, cfg.reward.overlong_penalty)
+    # -- the phases of one step --------------------------------------------------------------
+    def collect(self, indices: list[int]) -> Collected:
+        """Sample ``rollout.num_samples`` trajectories for each training example in ``indices``."""
+        examples = [self.train_examples[i] for i in indices]
+        rollout = self.generator.generate([self._encode(e) for e in examples], self.sampling)
+        return Collected(rollout, examples, indices)
 
-    def _sample_and_score(self, examples: list) -> tuple[RolloutBatch, list, torch.Tensor]:
-        """Generate ``num_samples`` completions per example and score them. Returns the rollout,
-        one RewardOutcome per row, and the verifiers' rewards (before length shaping)."""
-        cfg = self.cfg
-        rollout = self.generator.generate(
-            [self._encode(e) for e in examples],
-            SamplingParams(
-                num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
-            ),
-        )
-        outcomes = self.reward_fn(rollout.texts, [examples[int(g)] for g in rollout.group_index])
-        return rollout, outcomes, torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
+    def score(self, collected: Collected) -> Scores:
+        """The reward function's scores of every row (verifier rewards, shaped rewards, token
+        rewards)."""
+        rows = [collected.examples[int(g)] for g in collected.rollout.group_index]
+        return self.reward_fn.score(collected.rollout, rows)
 
-    def _collect(self) -> tuple[RolloutBatch, list, list, torch.Tensor, dict[str, float]]:
-        """The step's rollout: ``prompts_per_step`` groups. With dynamic sampling (DAPO), groups
-        whose verifier rewards are all equal are dropped and more prompts are drawn, up to
-        ``max_sampling_rounds`` rounds; if none is informative by then, the last round is used.
-        The filter reads the verifiers' rewards before length shaping (for 0/1 rewards: DAPO's
-        accuracy filter), so completions that differ only in length do not make a group count.
-        Returns (rollout, group examples, row outcomes, shaped row rewards, sampling metrics)."""
-        cfg = self.cfg
-        need = cfg.trainer.prompts_per_step
-        if not cfg.algorithm.dynamic_sampling:
-            examples = [self.train_examples[i] for i in self.sampler.next(need)]
-            rollout, outcomes, rewards = self._sample_and_score(examples)
-            return rollout, examples, outcomes, self._shape(rewards, rollout.completion_lengths), {}
-        parts: list[tuple[RolloutBatch, list, list, torch.Tensor]] = []
-        kept = rounds = 0
+    def gather(self, timer: PhaseTimer) -> Scored:
+        """Rounds of collect and score until the curriculum has ``prompts_per_step`` groups it
+        keeps, or its round limit is reached (then the last round is used whole, if nothing was
+        kept)."""
+        need = self.cfg.trainer.prompts_per_step
+        cur = self.curriculum
+        kept: list[tuple[RolloutBatch, list[Example], Scores]] = []
+        n_kept = rounds = 0
         last = None
-        while kept < need and rounds < cfg.algorithm.max_sampling_rounds:
+        while n_kept < need and rounds < cur.max_rounds:
             rounds += 1
-            examples = [self.train_examples[i] for i in self.sampler.next(need)]
-            rollout, outcomes, rewards = self._sample_and_score(examples)
-            last = (rollout, examples, outcomes, rewards)
-            good = informative_groups(rewards, rollout.group_index).nonzero().squeeze(1)[: need - kept]
-            if len(good):
+            with timer("collect"):
+                collected = self.collect(cur.sample(need))
+            with timer("score"):
+                scores = self.score(collected)
+            rollout = collected.rollout
+            cur.observe(collected.indices, scores.rewards, rollout.group_index)
+            last = (rollout, collected.examples, scores)
+            good = cur.keep(scores.rewards, rollout.group_index).nonzero().squeeze(1)[: need - n_kept]
+            if len(good) == rollout.num_groups:
+                kept.append(last)
+            elif len(good):
                 rows = torch.isin(rollout.group_index, good).nonzero().squeeze(1)
-                parts.append((rollout.select(rows), [examples[int(g)] for g in good],
-                              [outcomes[int(r)] for r in rows], rewards[rows]))
-                kept += len(good)
-        info = {"sampling_rounds": float(rounds), "informative_groups": float(kept)}
-        if not parts:
-            rollout, examples, outcomes, rewards = last
-        else:
-            rollout = concat_rollouts([p[0] for p in parts], pad_id=self.generator.pad_id)
-            examples, outcomes = [e for p in parts for e in p[1]], [o for p in parts for o in p[2]]
-            rewards = torch.cat([p[3] for p in parts])
-        return rollout, examples, outcomes, self._shape(rewards, rollout.completion_lengths), info
+                part = rollout.select(rows)
+                kept.append((part, [collected.examples[int(g)] for g in good],
+                             scores.select(rows, part.completion_ids.shape[1])))
+            n_kept += len(good)
+        info = {"sampling_rounds": float(rounds), "informative_groups": float(n_kept)} if cur.max_rounds > 1 else {}
+        if not kept:
+            return Scored(*last, info=info)
+        if len(kept) == 1:
+            return Scored(*kept[0], info=info)
+        rollout = concat_rollouts([k[0] for k in kept], pad_id=self.generator.pad_id)
+        return Scored(rollout, [e for k in kept for e in k[1]],
+                      concat_scores([k[2] for k in kept], rollout.completion_ids.shape[1]), info=info)
 
-    def _greedy_baseline(self, examples: list) -> torch.Tensor:
-        """[P] rewards of each prompt's greedy completion (ReMax's baseline), shaped like the
-        samples' rewards."""
-        rollout = self.generator.generate(
-            [self._encode(e) for e in examples],
-            SamplingParams(num_samples=1, max_new_tokens=self.cfg.rollout.max_new_tokens, greedy=True),
+    def prepare(self, scored: Scored) -> Prepared:
+        """Everything the update needs, as the algorithm's components declare it."""
+        algo, needs = self.cfg.algorithm, self.needs
+        rollout = scored.rollout
+        actions = rollout.action_mask
+        info: dict[str, float] = {}
+        old = self.learner.compute_logprobs(rollout) if needs.old_logprobs else None
+        ref = self.learner.compute_logprobs(rollout, reference=True) if needs.reference else None
+        is_weights = None
+        if old is not None:
+            is_weights, mismatch = truncated_importance_weights(old, rollout.sampler_logprobs, actions, algo.tis_cap or 1.0)
+            info.update(mismatch)
+            if algo.tis_cap is None:
+                is_weights = None
+                info.pop("tis_truncated_frac")
+        token_kl = None
+        if algo.kl_reward_coef > 0:
+            token_kl = kl_penalty(old, ref, actions, algo.kl_reward_estimator)
+            info["kl_reward"] = float(token_kl[actions].mean()) if actions.any() else 0.0
+        values = self.learner.values(rollout) if needs.critic else None
+        baseline = self._greedy_baseline(scored.examples) if needs.greedy_baseline else None
+        advantages, returns = compute_advantages(
+            algo.advantage, rewards=scored.scores.shaped, group_index=rollout.group_index, mask=actions,
+            scale=algo.scale_rewards, token_kl=token_kl, kl_coef=algo.kl_reward_coef,
+            baseline_rewards=baseline, values=values, correct=scored.scores.correct,
+            gamma=algo.gamma, lam=algo.lam, passk_k=algo.passk_k,
         )
-        rewards = torch.tensor([o.reward for o in self.reward_fn(rollout.texts, examples)], dtype=torch.float32)
-        return self._shape(rewards, rollout.completion_lengths)
+        loss_mask = actions & ~rollout.truncated[:, None] if algo.overlong_filter else None
+        batch = TrainBatch(
+            rollout=rollout, advantages=advantages.float(), old_logprobs=old, ref_logprobs=ref, loss_mask=loss_mask,
+            is_weights=is_weights, returns=None if returns is None else returns.float(), old_values=values,
+        )
+        return Prepared(batch, info)
+
+    def _greedy_baseline(self, examples: list[Example]) -> torch.Tensor:
+        """[P] shaped rewards of each prompt's greedy completion (ReMax's baseline), shaped like
+        the samples' rewards."""
+        params = SamplingParams(num_samples=1, max_new_tokens=self.cfg.rollout.max_new_tokens, greedy=True)
+        _, scores = generate_and_score(self.generator, self.reward_fn, examples, self._encode, params)
+        return scores.shaped
 
     def _mini_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         n = self.cfg.algorithm.mini_batches
@@ -282,109 +354,103 @@ class Trainer:
         chunks = np.array_split(np.arange(batch.rollout.num_groups), min(n, batch.rollout.num_groups))
         return [batch.select(torch.isin(groups, torch.as_tensor(c)).nonzero().squeeze(1)) for c in chunks]
 
-    def train_step(self, step: int) -> dict[str, float]:
-        cfg, algo = self.cfg, self.cfg.algorithm
-        t0 = time.perf_counter()
-        rollout, group_examples, outcomes, rewards, extra = self._collect()
-        t_gen = time.perf_counter()
-        per_row_examples = [group_examples[int(g)] for g in rollout.group_index]
-        mask = rollout.completion_mask
-        old = self.learner.compute_logprobs(rollout) if self.needs_old_logprobs else None
-        ref = self.learner.compute_logprobs(rollout, reference=True) if self.uses_reference else None
-        if old is not None:
-            weights, mismatch = truncated_importance_weights(old, rollout.sampler_logprobs, mask, algo.tis_cap or 1.0)
-            extra.update(mismatch)
-            if algo.tis_cap is None:
-                weights = None
-                extra.pop("tis_truncated_frac")
-        else:
-            weights = None
-        token_kl = None
-        if algo.kl_reward_coef > 0:
-            token_kl = kl_penalty(old, ref, mask, algo.kl_reward_estimator)
-            extra["kl_reward"] = float(token_kl[mask].mean()) if mask.any() else 0.0
-        values = self.critic.values(rollout) if self.critic is not None else None
-        baseline = self._greedy_baseline(group_examples) if algo.advantage == "remax" else None
-        advantages, returns = compute_advantages(
-            algo.advantage, rewards=rewards, group_index=rollout.group_index, mask=mask,
-            scale=algo.scale_rewards, token_kl=token_kl, kl_coef=algo.kl_reward_coef,
-            baseline_rewards=baseline, values=values,
-            correct=torch.tensor([float(o.correct) for o in outcomes]),
-            gamma=algo.gamma, lam=algo.lam, passk_k=algo.passk_k,
-        )
-        advantages = advantages.float()
-        loss_mask = mask & ~rollout.truncated[:, None] if algo.overlong_filter else None
-        batch = TrainBatch(
-            rollout=rollout, advantages=advantages, old_logprobs=old, ref_logprobs=ref, loss_mask=loss_mask,
-            is_weights=weights, returns=None if returns is None else returns.float(), old_values=values,
-        )
+    def update(self, prepared: Prepared, step: int) -> dict[str, float]:
+        """``algorithm.epochs`` passes of ``algorithm.mini_batches`` learner updates; the stats
+        averaged over updates (``ratio_max`` and ``skipped``: their max)."""
+        algo, batch = self.cfg.algorithm, prepared.batch
+        critic_only = self.needs.critic and step <= self.cfg.critic.critic_only_steps
         updates: list[dict[str, float]] = []
-        critic_only = self.critic is not None and step <= cfg.critic.warmup_steps
         for epoch in range(algo.epochs):
             for i, mb in enumerate(self._mini_batches(batch)):
                 if epoch == 0 and i == 0 and mb.old_logprobs is not None:
                     # The first update sees fresh samples: the current log-probs (detached) are the
                     # old ones exactly, while a separate forward pass would differ by rounding.
                     mb = dataclasses.replace(mb, old_logprobs=None)
-                stats = {} if critic_only else self.learner.step(mb)
-                if self.critic is not None:
-                    stats = {**stats, **self.critic.step(mb)}
-                updates.append(stats)
+                updates.append(self.learner.update(mb, train_policy=not critic_only))
         stats = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]} if updates[0] else {}
         if "ratio_max" in stats:
             stats["ratio_max"] = max(u["ratio_max"] for u in updates)
-        if "skipped" in stats:  # the NaN guard counts a step as skipped if any of its updates was
-            stats["skipped"] = max(u["skipped"] for u in updates)
-        else:
-            stats["skipped"] = 0.0
-        if old is None and self.separate_weights and not critic_only and not stats["skipped"]:
+        # The NaN guard counts a step as skipped if any of its updates was.
+        stats["skipped"] = max(u["skipped"] for u in updates) if "skipped" in stats else 0.0
+        rollout = batch.rollout
+        if batch.old_logprobs is None and self.generator.needs_sync and not critic_only and not stats["skipped"]:
             # One update on fresh samples: its forward pass gave the learner's log-probs.
             _, mismatch = truncated_importance_weights(
-                self.learner.last_fresh_logprobs, rollout.sampler_logprobs, mask, 1.0
+                self.learner.last_fresh_logprobs, rollout.sampler_logprobs, rollout.action_mask, 1.0
             )
             mismatch.pop("tis_truncated_frac")
-            extra.update(mismatch)
-        if self.separate_weights and step % cfg.rollout.sync_every == 0:
-            t_sync = time.perf_counter()
-            self.generator.sync_weights(self.model)  # in memory, no restart
-            stats["time_weight_sync"] = time.perf_counter() - t_sync
-        t_end = time.perf_counter()
+            stats.update(mismatch)
+        return stats
 
-        lengths = rollout.completion_lengths.float()
+    def sync(self, step: int) -> None:
+        """Give the generator the weights after ``step`` (every ``rollout.sync_every`` steps for a
+        generator with its own copy; one that samples from the live model is always current)."""
+        if not self.generator.needs_sync or step % self.cfg.rollout.sync_every == 0:
+            self._sync_generator(step)
+
+    def _sync_generator(self, version: int) -> None:
+        # A generator without its own copy samples from the learner's live module: it only
+        # records the version, so the weights are not copied for it.
+        state = self.learner.policy_state_dict() if self.generator.needs_sync else {}
+        self.generator.sync_weights(state, version)
+
+    def log(self, step: int, scored: Scored, prepared: Prepared, stats: dict[str, float], timer: PhaseTimer) -> dict[str, float]:
+        """The step's metrics, and its first ``trainer.samples_to_log`` samples into the run."""
+        rollout, scores = scored.rollout, scored.scores
+        batch = prepared.batch
+        rewards, outcomes, actions = scores.shaped, scores.outcomes, rollout.action_mask
+        elapsed = sum(timer.times.values())
+        lengths = rollout.action_lengths.float()
         n_tokens = float(lengths.sum())
-        grouped_min = torch.full((rollout.num_groups,), torch.inf).scatter_reduce(0, rollout.group_index, rewards, "amin")
-        grouped_max = torch.full((rollout.num_groups,), -torch.inf).scatter_reduce(0, rollout.group_index, rewards, "amax")
-        adv_tok = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
+        groups = rollout.num_groups
+        grouped_min = torch.full((groups,), torch.inf).scatter_reduce(0, rollout.group_index, rewards, "amin")
+        grouped_max = torch.full((groups,), -torch.inf).scatter_reduce(0, rollout.group_index, rewards, "amax")
+        adv = batch.advantages
+        adv_tok = adv if adv.dim() == 2 else adv[:, None].expand_as(actions)
         metrics = {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "accuracy": float(np.mean([o.correct for o in outcomes])),
             "uniform_group_frac": float((grouped_max == grouped_min).float().mean()),
-            "advantage_abs_mean": float(adv_tok[mask].abs().mean()) if mask.any() else 0.0,
+            "advantage_abs_mean": float(adv_tok[actions].abs().mean()) if actions.any() else 0.0,
             "completion_length": float(lengths.mean()),
             "truncated_frac": float(rollout.truncated.float().mean()),
             "reward_errors": float(sum(len(o.errors) for o in outcomes)),
             "generated_tokens": n_tokens,
-            "tokens_per_s": n_tokens / max(t_end - t0, 1e-9),
-            "time_generate": t_gen - t0,
-            "time_step": t_end - t0,
+            "tokens_per_s": n_tokens / max(elapsed, 1e-9),
+            "time_step": elapsed,
+            **timer.metrics(),
             **{f"reward/{k}": float(np.mean([o.components.get(k, 0.0) for o in outcomes]))
                for k in (outcomes[0].components if outcomes else {})},
-            **extra,
+            **scored.info,
+            **prepared.info,
             **stats,
         }
-        k = min(cfg.trainer.samples_to_log, len(rollout))
+        k = min(self.cfg.trainer.samples_to_log, len(rollout))
         if k:
             rows = []
+            row_examples = scored.row_examples
             for i in range(k):
-                o = outcomes[i]
-                e = per_row_examples[i]
-                a = advantages[i]
+                o, e, a = outcomes[i], row_examples[i], adv[i]
                 rows.append({"prompt_id": e.id, "answer": e.answer, "completion": rollout.texts[i],
                              "reward": float(rewards[i]), "correct": o.correct,
-                             "advantage": float(a if a.dim() == 0 else a[mask[i]].mean() if mask[i].any() else 0.0),
-                             "errors": o.errors})
+                             "advantage": float(a if a.dim() == 0 else a[actions[i]].mean() if actions[i].any() else 0.0),
+                             "version": int(rollout.versions[i]), "errors": o.errors})
             self.run_dir.log_samples(step, rows)
+        return metrics
+
+    def train_step(self, step: int) -> dict[str, float]:
+        timer = PhaseTimer()
+        scored = self.gather(timer)          # collect + score, as often as the curriculum asks
+        with timer("prepare"):
+            prepared = self.prepare(scored)
+        with timer("update"):
+            stats = self.update(prepared, step)
+        with timer("sync"):
+            self.sync(step)
+        t_log = time.perf_counter()
+        metrics = self.log(step, scored, prepared, stats, timer)
+        metrics["time_log"] = time.perf_counter() - t_log
         return metrics
 
     # -- the loop ----------------------------------------------------------------------------
