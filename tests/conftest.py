@@ -50,6 +50,25 @@ def make_model(tokenizer, *, seed: int = 0, hidden: int = 64, layers: int = 2):
     return model
 
 
+def chat_prompts(tok, texts) -> list[list[int]]:
+    """Token prompts: each text as one user turn through the tokenizer's chat template."""
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                    tokenize=True, return_dict=False) for t in texts]
+
+
+def forward_logprobs(model, rollout, temperature: float = 1.0) -> torch.Tensor:
+    """[N, T] log-probs of every token after the prompt (at ``temperature``) from one full forward
+    pass over prompt + continuation, 0 on padding: the reference the fast paths are checked against."""
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+    attn = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)
+    pos = (attn.long().cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos).logits
+    P = rollout.prompt_ids.shape[1]
+    lp = torch.log_softmax(logits[:, P - 1 : -1].float() / temperature, -1)
+    return lp.gather(2, rollout.completion_ids[:, :, None]).squeeze(2).masked_fill(~rollout.completion_mask, 0.0)
+
+
 @pytest.fixture
 def tiny_tokenizer():
     return make_tokenizer()

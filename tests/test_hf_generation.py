@@ -14,13 +14,9 @@ from reinforge.learner import Learner
 from reinforge.models import merged_state_dict
 from reinforge.rollout import Generator, HFGenerator, SamplingParams, build_generator
 from reinforge.rollout.hf import left_pad, sample_tokens, sampling_logprobs
-from test_rollout_learner import _forward_logprobs as _full_forward_logprobs
-from test_rollout_learner import _prompts
 
-
-def _forward_logprobs(model, rollout, temperature=1.0):
-    """The completion tokens' log-probs from one full forward pass, 0 on padding."""
-    return _full_forward_logprobs(model, rollout, temperature).masked_fill(~rollout.completion_mask, 0.0)
+from conftest import chat_prompts as _prompts
+from conftest import forward_logprobs as _forward_logprobs
 
 
 def test_inverse_cdf_sampling_matches_the_distribution():

@@ -12,21 +12,8 @@ from reinforge.config import AlgorithmConfig, LearnerConfig
 from reinforge.learner import Learner, plan_micro_batches
 from reinforge.rollout import HFGenerator, SamplingParams
 
-
-def _prompts(tok, texts):
-    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                    tokenize=True, return_dict=False) for t in texts]
-
-
-def _forward_logprobs(model, rollout, temperature):
-    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
-    attn = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)
-    pos = (attn.long().cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos).logits
-    P = rollout.prompt_ids.shape[1]
-    lp = torch.log_softmax(logits[:, P - 1 : -1].float() / temperature, -1)
-    return lp.gather(2, rollout.completion_ids[:, :, None]).squeeze(2)
+from conftest import chat_prompts as _prompts
+from conftest import forward_logprobs as _forward_logprobs
 
 
 def test_rollout_shapes_masks_and_sampler_logprobs(tiny_model, tiny_tokenizer):

@@ -15,13 +15,14 @@ from reinforge.rewards import RewardFunction, VerifierResult
 from reinforge.rewards.verifiers import ExactMatchVerifier
 from reinforge.tasks.base import Example
 
+from conftest import chat_prompts
+
 
 def _multi_turn_batch(tok, *, holes: bool = True, seed: int = 0) -> RolloutBatch:
     """Two groups of two rows: assistant tokens, then (with ``holes``) 3 observation tokens the
     model did not write, then assistant tokens again; row 3 is shorter (padding)."""
     g = torch.Generator().manual_seed(seed)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=False) for t in ("2+2?", "hi")]
+    prompts = chat_prompts(tok, ["2+2?", "hi"])
     rows = [prompts[0], prompts[0], prompts[1], prompts[1]]
     P = max(len(p) for p in rows)
     T = 11

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import make_model, make_tokenizer
+from conftest import chat_prompts, make_model, make_tokenizer
 from reinforge.batch import TrainBatch
 from reinforge.config import AlgorithmConfig, LearnerConfig, build_config
 from reinforge.learner import Learner
@@ -29,8 +29,7 @@ PARAMS = SamplingParams(num_samples=4, temperature=0.8, max_new_tokens=24)
 
 
 def _prompts(tok, texts=TEXTS):
-    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                    tokenize=True, return_dict=False) for t in texts]
+    return chat_prompts(tok, texts)
 
 
 def _tiny(tok, seed=0):
