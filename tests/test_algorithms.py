@@ -226,8 +226,9 @@ def test_kl_zero_when_equal_and_k3_nonnegative():
     mask[0, :2] = True
     k3 = kl_penalty(logp, ref, mask, "k3")
     assert torch.isfinite(k3).all() and (k3 >= 0).all()
-    # clamped at 20: log(ref/pi) = 20 -> exp(20) - 20 - 1
-    assert k3[0, 1].item() == pytest.approx(math.exp(20.0) - 21.0)
+    # log(ref/pi) = 999, clamped to 20 -> exp(20) - 20 - 1 = 4.85e8 before the bound on k3 itself;
+    # k3 is bounded at 10 (issue 12): both extreme tokens give 10 (the other: exp(-20) + 20 - 1 = 19)
+    assert k3[0, 1].item() == 10.0 and k3[0, 0].item() == 10.0
 
 
 def test_kl_unknown_estimator():

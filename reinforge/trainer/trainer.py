@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import compute_advantages, informative_groups, kl_penalty, truncated_importance_weights
+from ..algorithms import (
+    AdvantageInputs, compute_advantages, informative_groups, kl_penalty, needs_of, truncated_importance_weights,
+)
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
 from ..evaluation import paired_bootstrap_diff
@@ -111,28 +113,21 @@ class Trainer:
         check_memory(cfg, model_path, prompt_tokens=prompt_tokens)
         self.model = load_model(cfg.model, path=model_path)
         self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
-        algo = cfg.algorithm
-        self.uses_reference = algo.kl_coef > 0 or algo.kl_reward_coef > 0
+        # What the algorithm's components declare they need (algorithms.needs_of): which models to
+        # load here, which forwards and generations to run each step.
+        self.needs = needs_of(cfg.algorithm)
         reference = None
-        if self.uses_reference and cfg.model.lora is None:
+        if self.needs.reference and cfg.model.lora is None:
             reference = load_model(cfg.model.model_copy(update={"lora": None}), path=model_path).eval()
             for p in reference.parameters():
                 p.requires_grad_(False)
         self.critic = None
-        if algo.advantage == "gae":
+        if self.needs.critic:
             self.critic = Critic(
                 load_model(cfg.model.model_copy(update={"lora": None}), path=model_path), cfg.critic,
                 micro_batch_tokens=cfg.learner.micro_batch_tokens, autocast_dtype=self.autocast_dtype,
                 betas=tuple(cfg.learner.betas), weight_decay=cfg.learner.weight_decay,
             )
-        # A forward pass for the policy's own log-probs at rollout time is needed whenever the
-        # policy will have moved before a token is trained on, or for the pieces that read them.
-        # Otherwise the single update's own forward gives them (the learner keeps them detached),
-        # and a generator with its own weights has its mismatch measured from those.
-        self.needs_old_logprobs = (
-            algo.epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
-            or algo.cov_penalty != "none" or algo.kl_reward_coef > 0
-        )
         self.generator = build_generator(
             cfg.rollout, self.model, self.tokenizer, model_path=model_path, model_dtype=cfg.model.dtype,
             autocast_dtype=self.autocast_dtype, seed=cfg.trainer.seed,
@@ -289,8 +284,10 @@ class Trainer:
         t_gen = time.perf_counter()
         per_row_examples = [group_examples[int(g)] for g in rollout.group_index]
         mask = rollout.completion_mask
-        old = self.learner.compute_logprobs(rollout) if self.needs_old_logprobs else None
-        ref = self.learner.compute_logprobs(rollout, reference=True) if self.uses_reference else None
+        # Without a rollout-time forward (needs.old_logprobs) the single update's own forward gives
+        # the old log-probs, and a generator with its own weights has its mismatch measured from those.
+        old = self.learner.compute_logprobs(rollout) if self.needs.old_logprobs else None
+        ref = self.learner.compute_logprobs(rollout, reference=True) if self.needs.reference else None
         if old is not None:
             weights, mismatch = truncated_importance_weights(old, rollout.sampler_logprobs, mask, algo.tis_cap or 1.0)
             extra.update(mismatch)
@@ -304,14 +301,13 @@ class Trainer:
             token_kl = kl_penalty(old, ref, mask, algo.kl_reward_estimator)
             extra["kl_reward"] = float(token_kl[mask].mean()) if mask.any() else 0.0
         values = self.critic.values(rollout) if self.critic is not None else None
-        baseline = self._greedy_baseline(group_examples) if algo.advantage == "remax" else None
-        advantages, returns = compute_advantages(
-            algo.advantage, rewards=rewards, group_index=rollout.group_index, mask=mask,
-            scale=algo.scale_rewards, token_kl=token_kl, kl_coef=algo.kl_reward_coef,
-            baseline_rewards=baseline, values=values,
-            correct=torch.tensor([float(o.correct) for o in outcomes]),
-            gamma=algo.gamma, lam=algo.lam, passk_k=algo.passk_k,
-        )
+        baseline = self._greedy_baseline(group_examples) if self.needs.greedy_baseline else None
+        advantages, returns = compute_advantages(algo.advantage, AdvantageInputs(
+            rewards=rewards, group_index=rollout.group_index, mask=mask,
+            token_kl=token_kl, kl_coef=algo.kl_reward_coef, baseline_rewards=baseline, values=values,
+            correct=torch.tensor([float(o.correct) for o in outcomes]) if self.needs.correctness else None,
+            scale=algo.scale_rewards, gamma=algo.gamma, lam=algo.lam, passk_k=algo.passk_k,
+        ))
         advantages = advantages.float()
         loss_mask = mask & ~rollout.truncated[:, None] if algo.overlong_filter else None
         batch = TrainBatch(
