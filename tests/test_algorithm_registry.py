@@ -34,12 +34,13 @@ def t(x, dtype=F64):
 
 
 def value_baseline(x: AdvantageInputs) -> Advantages:
-    """Monte Carlo advantage with the critic as baseline: A_t = r_i - V_t on every action token;
-    the critic regresses on the outcome r_i."""
-    zero = torch.zeros((), dtype=torch.float32)
-    r = x.sequence_rewards().float()[:, None].expand_as(x.mask)
-    returns = torch.where(x.mask, r, zero)
-    return Advantages(torch.where(x.mask, r - x.values.float(), zero), returns)
+    """docs/algorithms.md's example: a Monte Carlo advantage with a learned baseline,
+    A_t = r_i - V_t on every action token; the critic regresses on the outcome r_i."""
+    r = x.sequence_rewards()[:, None].expand_as(x.mask)        # outcome minus any KL in the reward
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
+    adv = torch.where(x.mask, r - x.values.to(r.dtype), zero)  # 0 off the action mask
+    returns = torch.where(x.mask, r, zero)                      # the critic's targets
+    return Advantages(adv, returns)
 
 
 @pytest.fixture
