@@ -202,7 +202,8 @@ def test_learner_applies_kl_cov_and_clip_cov_as_the_pure_functions_say(tiny_mode
 
     # KL-Cov on every token (cov_ratio 1): the unclipped surrogate plus |logp - logp_old|, times
     # the importance weights, token-mean; not the clipped surrogate with the penalty on top
-    learner = Learner(copy.deepcopy(tiny_model), LearnerConfig(grad_clip=1e9), AlgorithmConfig(cov_penalty="kl_cov", cov_ratio=1.0))
+    learner = Learner(copy.deepcopy(tiny_model), LearnerConfig(grad_clip=1e9),
+                      AlgorithmConfig(cov_penalty="kl_cov", cov_ratio=1.0))
     stats = learner.step(batch)
     per_token, _ = kl_cov_loss(current, batch.old_logprobs, batch.advantages, m, m)
     expected = aggregate_loss(per_token * batch.is_weights, m, "token_mean")

@@ -177,9 +177,9 @@ def gspo_loss(
     Aggregated with ``seq_mean_token_mean`` this is GSPO's objective, whose gradient is
     ``-(1/G) sum_i s_i A_i mean_t grad logp_t`` for unclipped sequences. Clipping removes whole
     sequences, not tokens. The log of ``s_i,t`` is clamped to [-20, 20], value and gradient: a
-    sequence whose mean log-ratio is beyond that gets the bounded value and no gradient. The paper's ranges are 3e-4 and 4e-4 (the ratio is length-normalised).
-    ``dual_clip`` is not used. Returns ``(per_token [N, T], stats)`` as
-    :func:`clipped_surrogate_loss`.
+    sequence whose mean log-ratio is beyond that gets the bounded value and no gradient. The
+    paper's ranges are 3e-4 and 4e-4 (the ratio is length-normalised). ``dual_clip`` is not used.
+    Returns ``(per_token [N, T], stats)`` as :func:`clipped_surrogate_loss`.
     """
     mask = mask.bool()
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)

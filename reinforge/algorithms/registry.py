@@ -74,7 +74,8 @@ class Registry:
 
         def add(fn: Callable) -> Callable:
             if name in self._entries and self._entries[name].fn is not fn:
-                raise ValueError(f"{self.kind} {name!r} is already registered (by {self._entries[name].fn.__qualname__})")
+                taken = self._entries[name].fn.__qualname__
+                raise ValueError(f"{self.kind} {name!r} is already registered (by {taken})")
             self._entries[name] = _Entry(fn, needs)
             return fn
 

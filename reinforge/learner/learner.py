@@ -417,7 +417,9 @@ class Learner:
                 # cuts one off needs the current log-probs (one no-grad forward), except on a
                 # fresh batch (ratio 1).
                 current = lp_ref if batch.old_logprobs is None else self.compute_logprobs(rollout)
-                eligible = tokens_with_gradient(algo.policy_loss, current, lp_ref, batch.advantages, loss_mask, **loss_opts)
+                eligible = tokens_with_gradient(
+                    algo.policy_loss, current, lp_ref, batch.advantages, loss_mask, **loss_opts
+                )
             selected = covariance_token_selection(
                 lp_ref, batch.advantages, loss_mask, algo.cov_penalty,
                 ratio=algo.cov_ratio, bounds=tuple(algo.cov_bounds), eligible=eligible,
