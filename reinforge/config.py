@@ -15,7 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .algorithms import ADVANTAGE_ESTIMATORS, COV_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES, SCALE_MODES
+from .algorithms import (
+    ADVANTAGE_ESTIMATORS, COV_PENALTIES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, SCALE_MODES, needs_of, scale_mode,
+)
 from .recipes import RECIPES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -249,7 +251,7 @@ class AlgorithmConfig(_Section):
     Language Models", Shao et al., 2024, arXiv:2402.03300) without its KL term; the recipes
     (``reinforge recipes``) set these keys as each paper did. docs/algorithms.md has the formulas."""
 
-    advantage: Literal[ADVANTAGE_ESTIMATORS] = Field(
+    advantage: str = Field(
         "grpo",
         description="Advantage estimator. 'grpo': reward minus the group mean, scaled per "
         "scale_rewards (GRPO arXiv:2402.03300, Dr. GRPO arXiv:2503.20783, Lite PPO "
@@ -258,7 +260,8 @@ class AlgorithmConfig(_Section):
         "group-mean baseline, then batch whitening; 'remax': the prompt's greedy completion's "
         "reward as baseline (arXiv:2310.10505; one extra greedy sample per prompt); 'gae': "
         "GAE with a learned critic (PPO, arXiv:1707.06347; see the `critic` section); 'passk': "
-        "advantages of the pass@k objective (arXiv:2508.10751; uses correctness, see passk_k).",
+        "advantages of the pass@k objective (arXiv:2508.10751; uses correctness, see passk_k). "
+        "Any estimator registered with reinforge.algorithms.register_advantage is accepted.",
     )
     scale_rewards: Literal[SCALE_MODES] = Field(
         "group",
@@ -266,12 +269,13 @@ class AlgorithmConfig(_Section):
         "('group', GRPO), in the whole batch ('batch', Lite PPO), or not at all ('none', Dr. "
         "GRPO). true/false are read as 'group'/'none'.",
     )
-    policy_loss: Literal[tuple(POLICY_LOSSES)] = Field(
+    policy_loss: str = Field(
         "clipped",
         description="'clipped': PPO's clipped surrogate with clip_eps_low/high (arXiv:1707.06347, "
         "clip-higher from DAPO arXiv:2503.14476) and optional dual_clip; 'gspo': sequence-level "
         "ratio (arXiv:2507.18071); 'cispo': clipped, detached importance weight times log-prob "
-        "(arXiv:2506.13585); 'reinforce': -A * log-prob, no ratio (exact only on fresh samples).",
+        "(arXiv:2506.13585); 'reinforce': -A * log-prob, no ratio (exact only on fresh samples). "
+        "Any loss registered with reinforge.algorithms.register_policy_loss is accepted.",
     )
     clip_eps_low: float = Field(0.2, ge=0, description="Lower clip range of the ratio, 1-eps.")
     clip_eps_high: float = Field(
@@ -292,8 +296,10 @@ class AlgorithmConfig(_Section):
         "length bias.",
     )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference term in the loss (GRPO: 0.04).")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="KL estimator of the loss term (Schulman, 'Approximating KL Divergence', 2020)."
+    kl_estimator: Literal[KL_ESTIMATORS] = Field(
+        "k3",
+        description="KL estimator of the loss term (Schulman, 'Approximating KL Divergence', 2020); "
+        "k3 is clamped to at most 10, with zero gradient beyond.",
     )
     kl_reward_coef: float = Field(
         0.0, ge=0,
@@ -301,7 +307,7 @@ class AlgorithmConfig(_Section):
         "arXiv:2203.02155; REINFORCE++). Token by token for reinforce_pp and gae, summed over the "
         "completion for sequence-level estimators.",
     )
-    kl_reward_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="KL estimator of the reward penalty.")
+    kl_reward_estimator: Literal[KL_ESTIMATORS] = Field("k1", description="KL estimator of the reward penalty.")
     entropy_coef: float = Field(
         0.0, ge=0, description="Entropy bonus: coef x the aggregated token entropy is subtracted from the loss."
     )
@@ -309,10 +315,12 @@ class AlgorithmConfig(_Section):
         "none",
         description="Covariance-based token regulariser of 'The Entropy Mechanism of RL for "
         "Reasoning LMs' (arXiv:2505.22617): 'clip_cov' drops the gradient of a random share "
-        "cov_ratio of tokens whose log-prob/advantage covariance lies in cov_bounds; 'kl_cov' adds "
-        "kl_cov_coef*|logp - logp_old| on the top cov_ratio tokens (zero on the first, fresh update "
-        "of a batch: it needs epochs or mini_batches > 1). Tokens are chosen from the rollout-time "
-        "log-probs, once per update.",
+        "cov_ratio of tokens whose log-prob/advantage covariance lies in cov_bounds, drawn among "
+        "tokens that still have a gradient (not cut off by the ratio clip); 'kl_cov' replaces the "
+        "ratio clip: the unclipped surrogate -A*ratio on every token plus "
+        "kl_cov_coef*|logp - logp_old| on the top cov_ratio tokens (the penalty is zero on the "
+        "first, fresh update of a batch: it needs epochs or mini_batches > 1; policy_loss=clipped "
+        "only). Covariances use the rollout-time log-probs, once per update.",
     )
     cov_ratio: float = Field(2e-4, gt=0, le=1, description="Share of tokens Clip-Cov/KL-Cov act on (paper: 2e-4 / 2e-3).")
     cov_bounds: tuple[float, float] = Field((1.0, 5.0), description="Clip-Cov's covariance window (lower, upper).")
@@ -348,10 +356,20 @@ class AlgorithmConfig(_Section):
         "max_new_tokens) are left out of the loss.",
     )
 
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, v: str) -> str:
+        return ADVANTAGE_ESTIMATORS.check(v)
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _registered_policy_loss(cls, v: str) -> str:
+        return POLICY_LOSSES.check(v)
+
     @field_validator("scale_rewards", mode="before")
     @classmethod
-    def _bool_scale(cls, v: Any) -> Any:
-        return {True: "group", False: "none"}[v] if isinstance(v, bool) else v
+    def _scale_mode(cls, v: Any) -> Any:
+        return scale_mode(v) if isinstance(v, (bool, str)) else v
 
 
 class CriticConfig(_Section):
@@ -547,10 +565,16 @@ class RunConfig(_Section):
                 f"algorithm.dual_clip applies to policy_loss=clipped only (got {algo.policy_loss!r}); "
                 "set algorithm.dual_clip=null"
             )
-        if algo.advantage == "remax" and algo.kl_reward_coef > 0:
+        if needs_of(algo).greedy_baseline and algo.kl_reward_coef > 0:
             raise ValueError(
-                "algorithm.advantage=remax with kl_reward_coef > 0 is not supported: the greedy "
+                f"algorithm.advantage={algo.advantage} with kl_reward_coef > 0 is not supported: the greedy "
                 "baseline's KL is not computed, so the baseline would be biased. Use kl_coef (KL in the loss)."
+            )
+        if algo.cov_penalty == "kl_cov" and (algo.policy_loss != "clipped" or algo.dual_clip is not None):
+            raise ValueError(
+                "algorithm.cov_penalty=kl_cov replaces the clipped surrogate's clip with its own penalty "
+                f"(arXiv:2505.22617), so it needs policy_loss=clipped and dual_clip=null (got "
+                f"policy_loss={algo.policy_loss!r}, dual_clip={algo.dual_clip}); use cov_penalty=clip_cov otherwise"
             )
         if algo.mini_batches > self.trainer.prompts_per_step:
             raise ValueError(

@@ -190,16 +190,19 @@ _RECIPE_LIST = [
         "GRPO with Clip-Cov: the gradient of a few high-covariance tokens is dropped to slow entropy collapse.",
         _ENTROPY,
         {"algorithm": _algo(cov_penalty="clip_cov", cov_ratio=2e-4, cov_bounds=(1.0, 5.0), mini_batches=2)},
-        "The selected tokens lose their gradient in every update. Covariances use the rollout-time "
+        "The selected tokens lose their gradient in every update; they are drawn among tokens that "
+        "still have one (not cut off by the ratio clip), as in the authors' code, which after a "
+        "batch's first update costs one no-grad forward. Covariances use the rollout-time "
         "log-probs (the paper: the current policy's).",
     ),
     Recipe(
         "kl_cov",
-        "GRPO with KL-Cov: a |logp - logp_old| penalty on the top high-covariance tokens.",
+        "GRPO advantages with KL-Cov in place of PPO's clip: the unclipped surrogate on every token, "
+        "plus a |logp - logp_old| penalty on the top high-covariance tokens.",
         _ENTROPY,
         {"algorithm": _algo(cov_penalty="kl_cov", cov_ratio=2e-3, kl_cov_coef=1.0, mini_batches=2)},
-        "The penalty is zero on the first, fresh update of a batch (logp = logp_old); it acts from "
-        "the second mini-batch on.",
+        "The penalty is zero on the first, fresh update of a batch (logp = logp_old, the plain "
+        "policy gradient); it acts from the second mini-batch on.",
     ),
 ]
 

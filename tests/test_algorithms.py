@@ -8,10 +8,18 @@ import pytest
 import torch
 
 from reinforge.algorithms import (
+    AdvantageInputs,
     aggregate_loss,
+    apply_cov_penalty,
     clipped_surrogate_loss,
+    compute_advantages,
+    covariance_token_selection,
     group_normalized_advantages,
+    gspo_loss,
+    kl_cov_loss,
     kl_penalty,
+    masked_whiten,
+    tokens_with_gradient,
 )
 
 F64 = torch.float64
@@ -226,8 +234,9 @@ def test_kl_zero_when_equal_and_k3_nonnegative():
     mask[0, :2] = True
     k3 = kl_penalty(logp, ref, mask, "k3")
     assert torch.isfinite(k3).all() and (k3 >= 0).all()
-    # clamped at 20: log(ref/pi) = 20 -> exp(20) - 20 - 1
-    assert k3[0, 1].item() == pytest.approx(math.exp(20.0) - 21.0)
+    # log(ref/pi) = 999, clamped to 20 -> exp(20) - 20 - 1 = 4.85e8 before the bound on k3 itself;
+    # k3 is bounded at 10 (issue 12): both extreme tokens give 10 (the other: exp(-20) + 20 - 1 = 19)
+    assert k3[0, 1].item() == 10.0 and k3[0, 0].item() == 10.0
 
 
 def test_kl_unknown_estimator():
@@ -329,3 +338,112 @@ def test_algorithms_import_only_torch():
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
                 if name.startswith("reinforge"):
                     assert name.startswith("reinforge.algorithms"), f"{path.name} imports {name}"
+
+
+# --------------------------------------------------------------------------- the independent check's cases
+# Each case where an independent implementation disagreed with reinforge (issue 12), at its minimal size.
+
+
+def test_gae_whitening_of_equal_advantages_is_zero_not_amplified_rounding():
+    # 4 completions x 3 tokens, every reward 0.1, all critic values 0, gamma = lam = 1: every
+    # token's advantage is the same 0.1 (GAE: delta = 0.1 on the last token, 0 before, summed),
+    # so whitened they are all ~0. Whitening the float32 cast with eps added to the std divided a
+    # ~1e-8 leftover by a ~1e-8 std and gave -0.58.
+    x = AdvantageInputs(rewards=torch.full((4,), 0.1), group_index=torch.arange(4),
+                        mask=torch.ones(4, 3, dtype=torch.bool), values=torch.zeros(4, 3), whiten=True)
+    adv, returns = compute_advantages("gae", x)
+    assert adv.dtype == torch.float32 and adv.abs().max().item() < 1e-6
+    assert close(returns, torch.full((4, 3), 0.1), atol=1e-7)  # R = A + V = 0.1, unwhitened
+
+
+def test_masked_whiten_puts_eps_under_the_square_root():
+    # [1, 2, 3]: mean 2, unbiased var 1; eps = 1 under the root: (x - 2) / sqrt(1 + 1) = -+0.7071067812
+    w = masked_whiten(t([[1.0, 2.0, 3.0]]), torch.ones(1, 3, dtype=torch.bool), eps=1.0)
+    assert close(w, [[-0.7071067811865476, 0.0, 0.7071067811865476]])
+    # float32 in, float32 out, but computed in float64: equal values whiten to exactly 0
+    same = masked_whiten(torch.full((2, 3), 0.1), torch.ones(2, 3, dtype=torch.bool))
+    assert same.dtype == torch.float32 and same.abs().max().item() < 1e-6
+
+
+def test_kl_cov_replaces_the_ratio_clip():
+    # one token, old log-prob -1, new -0.5: ratio e^0.5 = 1.6487212707; A = 1; coef 1; selected
+    # KL-Cov (Cui et al. 2025 and the authors' code): -A * ratio + coef * |logp - logp_old|
+    #   loss = -1.6487212707 + 0.5 = -1.1487212707
+    #   d/dlogp = -A * ratio + coef * sign(0.5) = -1.6487212707 + 1 = -0.6487212707
+    # (stacked on the clipped surrogate it was -1.2 + 0.5 = -0.7 with gradient 0 + 1 = +1)
+    lp = t([[-0.5]]).requires_grad_(True)
+    old, adv, mask = t([[-1.0]]), t([1.0]), torch.ones(1, 1, dtype=torch.bool)
+    per_token, stats = clipped_surrogate_loss(lp, old, adv, mask)
+    per_token, stats = apply_cov_penalty("kl_cov", per_token, stats, logprobs=lp, old_logprobs=old,
+                                         advantages=adv, mask=mask, selected=mask, kl_coef=1.0)
+    loss = aggregate_loss(per_token, mask, "token_mean")
+    loss.backward()
+    assert close(loss, -1.1487212707001282) and close(lp.grad, [[-0.6487212707001282]])
+    assert stats["clip_fraction"].item() == 0.0  # nothing is clipped under KL-Cov
+    # a token KL-Cov did not select: the unclipped -A * ratio = -1.6487212707, gradient the same
+    per_token, _ = kl_cov_loss(lp.detach(), old, adv, mask, torch.zeros_like(mask))
+    assert close(per_token, [[-1.6487212707001282]])
+    # a fresh update (old = sg(logp)): ratio 1, the penalty and its gradient are 0 -> -A * grad logp
+    fresh = t([[-0.5]]).requires_grad_(True)
+    per_token, _ = kl_cov_loss(fresh, fresh.detach(), adv, mask, mask)
+    per_token.sum().backward()
+    assert close(per_token.detach(), [[-1.0]]) and close(fresh.grad, [[-1.0]])
+
+
+def test_k3_is_bounded_at_10_with_zero_gradient_beyond():
+    # logp -5, ref -1: d = -4, k3 = e^4 - 4 - 1 = 49.598150033 with gradient 1 - e^4 = -53.598
+    # unbounded; bounded: 10 and no gradient. logp -1, ref -2: d = 1, k3 = e^-1 + 1 - 1 = 0.3678794412,
+    # gradient 1 - e^-1 = 0.6321205588 (below the bound: unchanged)
+    lp = t([[-5.0, -1.0]]).requires_grad_(True)
+    k3 = kl_penalty(lp, t([[-1.0, -2.0]]), torch.ones(1, 2, dtype=torch.bool), "k3")
+    k3.sum().backward()
+    assert close(k3.detach(), [[10.0, 0.36787944117144233]])
+    assert close(lp.grad, [[0.0, 0.6321205588285577]])
+
+
+def test_gspo_ratio_is_bounded_in_value_and_gradient():
+    # row 0: token log-ratios 30 and 20, mean 25: beyond the bound 20 -> s = e^20, and no gradient
+    # row 1: log-ratios 2 and 2, mean 2: s = e^2 = 7.3890560989
+    # A = -1: -min(s * A, clip(s) * A) = s (the unclipped branch), d/dlogp_t = s per token
+    # (clamping only the detached part gave row 0 the gradient e^20 per token)
+    old = t([[-40.0, -30.0], [-5.0, -5.0]])
+    lp = (old + t([[30.0, 20.0], [2.0, 2.0]])).requires_grad_(True)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    per_token, _ = gspo_loss(lp, old, t([-1.0, -1.0]), mask)
+    per_token.sum().backward()
+    e2 = math.exp(2.0)
+    assert close(per_token.detach(), [[math.exp(20.0)] * 2, [e2, e2]], atol=1e-3)
+    assert close(lp.grad, [[0.0, 0.0], [e2, e2]])
+
+
+def test_clip_cov_draws_only_among_tokens_with_a_gradient():
+    # covariance log-probs -1, -2 | -3, -4 and A = 1 | -1 give cov = 1.5, .5 | .5, 1.5 (see
+    # test_covariance_selection_hand_computed): tokens (0, 0) and (1, 1) lie in (1, 5).
+    # Current log-probs: token (0, 0) has ratio 1.5 > 1.2 with A = 1, so the clip already cuts
+    # its gradient; token (1, 1) has ratio 1. Clip-Cov's single draw (ratio 0.25 of 4 tokens) must
+    # be (1, 1), whatever the seed.
+    cov_lp = t([[-1.0, -2.0], [-3.0, -4.0]])
+    current = cov_lp + t([[math.log(1.5), 0.0], [0.0, 0.0]])
+    adv, mask = t([1.0, -1.0]), torch.ones(2, 2, dtype=torch.bool)
+    eligible = tokens_with_gradient("clipped", current, cov_lp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2)
+    assert eligible.tolist() == [[False, True], [True, True]]
+    for seed in range(8):
+        gen = torch.Generator().manual_seed(seed)
+        sel = covariance_token_selection(cov_lp, adv, mask, "clip_cov", ratio=0.25, bounds=(1.0, 5.0),
+                                         generator=gen, eligible=eligible)
+        assert sel.tolist() == [[False, False], [False, True]], seed
+
+
+def test_tokens_with_gradient_for_every_way_a_gradient_vanishes():
+    # ratios 1.5 / 1.0 / 5.0 / 1.0 with A = +1, +1, -1, 0 (token-level), dual clip 3:
+    # 1.5 with A > 0 is clipped; 1.0 trains; 5.0 with A < 0 is capped by the dual clip (-c * A is
+    # a constant); A = 0 has no gradient at all. Padding is never a candidate.
+    old = torch.zeros(1, 5, dtype=F64)
+    lp = t([[math.log(1.5), 0.0, math.log(5.0), 0.0, 0.0]])
+    adv = t([[1.0, 1.0, -1.0, 0.0, 1.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    opts = dict(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=3.0)
+    assert tokens_with_gradient("clipped", lp, old, adv, mask, **opts).tolist() == [[False, True, False, False, False]]
+    # CISPO keeps every token's gradient (only A = 0 has none); so does REINFORCE
+    assert tokens_with_gradient("cispo", lp, old, adv, mask).tolist() == [[True, True, True, False, False]]
+    assert tokens_with_gradient("reinforce", lp, old, adv, mask).tolist() == [[True, True, True, False, False]]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from reinforge.algorithms import (
+    AdvantageInputs,
     aggregate_loss,
     cispo_loss,
     clipped_surrogate_loss,
@@ -93,8 +94,8 @@ def test_remax_greedy_baseline():
     with pytest.raises(ValueError, match="one greedy reward per prompt"):
         greedy_baseline_advantages(t([1.0]), torch.tensor([3]), t([1.0]))
     # through the dispatcher, with group-std scaling of the raw rewards
-    a, _ = compute_advantages("remax", rewards=t([1.0, 0.0]), group_index=torch.tensor([0, 0]),
-                              mask=torch.ones(2, 1, dtype=torch.bool), scale="none", baseline_rewards=t([0.5]))
+    a, _ = compute_advantages("remax", AdvantageInputs(rewards=t([1.0, 0.0]), group_index=torch.tensor([0, 0]),
+                              mask=torch.ones(2, 1, dtype=torch.bool), scale="none", baseline_rewards=t([0.5])))
     assert close(a, [0.5, -0.5])
 
 
@@ -204,13 +205,14 @@ def test_informative_groups_and_masked_whiten():
 
 def test_kl_in_reward_is_summed_for_sequence_estimators():
     # grpo with KL in the reward: sequence rewards 2 - .5*.6 = 1.7 and 3 - .5*.5 = 2.75 -> centred +-.525
-    a, ret = compute_advantages("grpo", rewards=t([2.0, 3.0]), group_index=torch.tensor([0, 0]), mask=MASK,
-                                scale="none", token_kl=KL, kl_coef=0.5)
+    a, ret = compute_advantages("grpo", AdvantageInputs(rewards=t([2.0, 3.0]), group_index=torch.tensor([0, 0]),
+                                                        mask=MASK, scale="none", token_kl=KL, kl_coef=0.5))
     assert ret is None and close(a, [-0.525, 0.525])
+    one = AdvantageInputs(rewards=t([1.0]), group_index=torch.tensor([0]), mask=MASK[:1])
     with pytest.raises(ValueError, match="unknown advantage estimator"):
-        compute_advantages("nope", rewards=t([1.0]), group_index=torch.tensor([0]), mask=MASK[:1])
+        compute_advantages("nope", one)
     with pytest.raises(ValueError, match="critic values"):
-        compute_advantages("gae", rewards=t([1.0]), group_index=torch.tensor([0]), mask=MASK[:1])
+        compute_advantages("gae", one)
 
 
 # --------------------------------------------------------------------------- policy losses

@@ -189,3 +189,34 @@ def test_clip_cov_and_kl_cov_change_the_update(tiny_model, tiny_tokenizer):
     assert run(cov_penalty="clip_cov", cov_ratio=1.0, cov_bounds=(-1e9, 1e9))["grad_norm"] == 0.0
     kl = run(cov_penalty="kl_cov", cov_ratio=0.5, kl_cov_coef=1.0)
     assert kl["loss"] > plain["loss"] and kl["cov_selected_frac"] > 0.3
+
+
+def test_learner_applies_kl_cov_and_clip_cov_as_the_pure_functions_say(tiny_model, tiny_tokenizer):
+    import copy
+
+    from reinforge.algorithms import aggregate_loss, kl_cov_loss, tokens_with_gradient
+
+    batch = _learner_batch(tiny_model, tiny_tokenizer)
+    m = batch.effective_loss_mask
+    current = Learner(tiny_model, LearnerConfig(), AlgorithmConfig()).compute_logprobs(batch.rollout)
+
+    # KL-Cov on every token (cov_ratio 1): the unclipped surrogate plus |logp - logp_old|, times
+    # the importance weights, token-mean; not the clipped surrogate with the penalty on top
+    learner = Learner(copy.deepcopy(tiny_model), LearnerConfig(grad_clip=1e9),
+                      AlgorithmConfig(cov_penalty="kl_cov", cov_ratio=1.0))
+    stats = learner.step(batch)
+    per_token, _ = kl_cov_loss(current, batch.old_logprobs, batch.advantages, m, m)
+    expected = aggregate_loss(per_token * batch.is_weights, m, "token_mean")
+    assert stats["cov_selected_frac"] == 1.0 and stats["clip_fraction"] == 0.0
+    assert stats["pg_loss"] == pytest.approx(float(expected), abs=1e-5)
+
+    # Clip-Cov with a window holding every token and a budget of all of them: it detaches exactly
+    # the tokens that still had a gradient (the clip had cut off the others), so none is left
+    learner = Learner(copy.deepcopy(tiny_model), LearnerConfig(grad_clip=1e9),
+                      AlgorithmConfig(cov_penalty="clip_cov", cov_ratio=1.0, cov_bounds=(-1e9, 1e9)))
+    stats = learner.step(batch)
+    trained = tokens_with_gradient("clipped", current, batch.old_logprobs, batch.advantages, m,
+                                   clip_eps_low=0.2, clip_eps_high=0.2)
+    assert 0 < trained.sum() < m.sum()  # some tokens are clipped, so the test tells the two apart
+    assert stats["cov_selected_frac"] == pytest.approx(float(trained.sum() / m.sum()))
+    assert stats["grad_norm"] == 0.0

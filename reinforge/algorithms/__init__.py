@@ -1,11 +1,17 @@
 """Pure tensor functions of RL post-training: advantage estimators, policy losses, KL and entropy
 terms and loss aggregation. Imports only torch, like verl's ``core_algos.py``: a recipe from a
 paper is a composition of these functions, and a new one is a small addition here.
+
+Advantage estimators and policy losses are registered by their config name, each with the
+:class:`Needs` it declares (``register_advantage``, ``register_policy_loss``); ``needs_of`` tells
+the trainer and the memory guard what a whole ``algorithm`` config needs.
 """
 
 from reinforge.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     SCALE_MODES,
+    AdvantageInputs,
+    Advantages,
     compute_advantages,
     gae_advantages,
     greedy_baseline_advantages,
@@ -14,32 +20,45 @@ from reinforge.algorithms.advantages import (
     leave_one_out_advantages,
     masked_whiten,
     passk_advantages,
+    register_advantage,
     reinforce_pp_advantages,
+    scale_mode,
     token_level_rewards,
 )
 from reinforge.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss
 from reinforge.algorithms.losses import (
     COV_PENALTIES,
+    K3_MAX,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    apply_cov_penalty,
     cispo_loss,
     clipped_surrogate_loss,
     covariance_token_selection,
     entropy_from_logits,
     gspo_loss,
+    kl_cov_loss,
     kl_penalty,
     policy_loss,
+    register_policy_loss,
     reinforce_loss,
+    tokens_with_gradient,
     truncated_importance_weights,
     value_loss,
 )
+from reinforge.algorithms.needs import needs_of
+from reinforge.algorithms.registry import Needs, Registry
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "SCALE_MODES", "LOSS_AGG_MODES", "KL_ESTIMATORS", "POLICY_LOSSES", "COV_PENALTIES",
-    "compute_advantages", "group_normalized_advantages", "leave_one_out_advantages",
+    "ADVANTAGE_ESTIMATORS", "SCALE_MODES", "LOSS_AGG_MODES", "KL_ESTIMATORS", "K3_MAX", "POLICY_LOSSES",
+    "COV_PENALTIES",
+    "Needs", "Registry", "needs_of", "register_advantage", "register_policy_loss",
+    "AdvantageInputs", "Advantages", "compute_advantages", "scale_mode",
+    "group_normalized_advantages", "leave_one_out_advantages",
     "greedy_baseline_advantages", "reinforce_pp_advantages", "gae_advantages", "passk_advantages",
     "token_level_rewards", "masked_whiten", "informative_groups",
     "policy_loss", "clipped_surrogate_loss", "gspo_loss", "cispo_loss", "reinforce_loss", "value_loss",
     "kl_penalty", "entropy_from_logits", "truncated_importance_weights", "covariance_token_selection",
+    "tokens_with_gradient", "kl_cov_loss", "apply_cov_penalty",
     "aggregate_loss",
 ]

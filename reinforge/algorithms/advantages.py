@@ -1,22 +1,41 @@
 """Advantage estimators: rewards of completions in, advantages out.
 
-Shapes follow ``reinforge.batch``: N completions, T completion tokens (right-padded), ``mask``
-[N, T] bool with True on real tokens, ``group_index`` [N] says which prompt each completion
-answers. Sequence-level estimators return [N] (one advantage per completion, broadcast over its
-tokens); token-level ones (REINFORCE++, GAE) return [N, T], 0 on padding. Pure tensor functions,
-no models and no I/O.
+Shapes follow ``reinforge.batch``: N completions (trajectories), T completion tokens
+(right-padded), ``mask`` [N, T] bool: the ACTION mask, True on the tokens the model wrote and is
+trained on. It need not be a contiguous prefix: tokens the model did not write (tool output,
+environment messages) are holes in it, and every estimator skips them (a hole carries no reward,
+no value and no discount step, and returns flow across it). ``group_index`` [N] says which prompt
+each completion answers. Sequence-level estimators return [N] (one advantage per completion,
+broadcast over its tokens); token-level ones (REINFORCE++, GAE) return [N, T], 0 off the mask.
+Pure tensor functions, no models and no I/O.
+
+Every estimator is registered by name (the value of ``algorithm.advantage``) with what it needs
+(:class:`~reinforge.algorithms.registry.Needs`), and ``compute_advantages`` dispatches through the
+registry with one :class:`AdvantageInputs`. Adding one::
+
+    @register_advantage("my_estimator", needs=Needs(token_rewards=True))
+    def my_estimator(x: AdvantageInputs) -> Advantages:
+        ...
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from reinforge.algorithms.registry import Needs, Registry
+
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "SCALE_MODES",
+    "AdvantageInputs",
+    "Advantages",
+    "register_advantage",
+    "scale_mode",
     "group_normalized_advantages",
     "leave_one_out_advantages",
     "greedy_baseline_advantages",
@@ -29,8 +48,27 @@ __all__ = [
     "compute_advantages",
 ]
 
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "gae", "passk")
+#: Every advantage estimator, by its ``algorithm.advantage`` name; add one with ``register_advantage``.
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "algorithm.advantage")
 SCALE_MODES = ("group", "batch", "none")
+
+
+def register_advantage(name: str, *, needs: Needs = Needs()):
+    """Decorator: register ``fn(inputs: AdvantageInputs) -> Advantages`` as the advantage
+    estimator ``name`` (then ``algorithm.advantage=name`` is accepted), declaring what it needs
+    beyond the scalar rewards (``Needs(critic=True)``, ``Needs(token_rewards=True)``, ...).
+    ``compute_advantages`` checks that the declared inputs are given before calling it."""
+    return ADVANTAGE_ESTIMATORS.register(name, needs=needs)
+
+
+def scale_mode(value: str | bool) -> str:
+    """The reward-scaling mode of ``algorithm.scale_rewards``: "group", "batch" or "none";
+    ``True``/``False`` mean "group"/"none" (the config and the estimators both read it here)."""
+    if isinstance(value, bool):
+        return "group" if value else "none"
+    if value not in SCALE_MODES:
+        raise ValueError(f"unknown scale mode {value!r}; expected one of {SCALE_MODES} (or true/false)")
+    return value
 
 
 def _check_1d(rewards: Tensor, group_index: Tensor) -> None:
@@ -60,7 +98,7 @@ def _group_stats(r: Tensor, group_index: Tensor):
 def _scale_by_std(adv: Tensor, r: Tensor, g: Tensor, count: Tensor, mode: str | bool, eps: float) -> Tensor:
     """Divide by the unbiased std of the raw rewards in each group ("group"), in the whole batch
     ("batch"), or not at all ("none"). ``True``/``False`` mean "group"/"none"."""
-    mode = {True: "group", False: "none"}[mode] if isinstance(mode, bool) else mode
+    mode = scale_mode(mode)
     if mode == "none":
         return adv
     if mode == "group":
@@ -68,10 +106,9 @@ def _scale_by_std(adv: Tensor, r: Tensor, g: Tensor, count: Tensor, mode: str | 
         c = r - mean[g]
         var = torch.zeros_like(count).index_add_(0, g, c * c) / (count - 1).clamp_min(1)
         return adv / (var.sqrt()[g] + eps)
-    if mode == "batch":
-        std = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
-        return adv / (std + eps)
-    raise ValueError(f"unknown scale mode {mode!r}; expected one of {SCALE_MODES}")
+    # "batch"
+    std = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype, device=r.device)
+    return adv / (std + eps)
 
 
 def informative_groups(rewards: Tensor, group_index: Tensor) -> Tensor:
@@ -82,7 +119,7 @@ def informative_groups(rewards: Tensor, group_index: Tensor) -> Tensor:
     batch."""
     _check_1d(rewards, group_index)
     if rewards.numel() == 0:
-        return torch.zeros(0, dtype=torch.bool)
+        return torch.zeros(0, dtype=torch.bool, device=rewards.device)
     return _group_stats(rewards.detach().to(torch.float64), group_index)[3]
 
 
@@ -184,51 +221,74 @@ def greedy_baseline_advantages(rewards: Tensor, group_index: Tensor, baseline_re
 
 
 def masked_whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
-    """``(x - mean) / (std + eps)`` over the real tokens of the whole batch (unbiased std);
-    0 on padding. The global ("batch") normalisation of REINFORCE++ and of PPO's advantages."""
+    """``(x - mean) / sqrt(var + eps)`` over the real tokens of the whole batch (unbiased var);
+    0 on padding. The global ("batch") normalisation of REINFORCE++ and of PPO's advantages.
+
+    Computed in float64 whatever ``values``' dtype, and returned in that dtype. ``eps`` sits under
+    the square root, so when every value is the same (all completions got the same reward) the
+    rounding residue of ``x - mean`` (~1e-17) is divided by at least ``sqrt(eps)``, not by a std of
+    the same ~1e-17, and the result is ~0 instead of O(1) noise."""
     mask = mask.bool()
+    x = values.to(torch.float64)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
     n = mask.sum()
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    x = torch.where(mask, values, zero)
     if n == 0:
-        return x
-    mean = x.sum() / n
-    var = (torch.where(mask, values - mean, zero) ** 2).sum() / (n - 1).clamp_min(1)
-    centred = values - mean if shift_mean else values
-    return torch.where(mask, centred / (var.sqrt() + eps), zero)
+        return torch.where(mask, x, zero).to(values.dtype)
+    mean = torch.where(mask, x, zero).sum() / n
+    var = (torch.where(mask, x - mean, zero) ** 2).sum() / (n - 1).clamp_min(1)
+    centred = x - mean if shift_mean else x
+    return torch.where(mask, centred / torch.sqrt(var + eps), zero).to(values.dtype)
+
+
+def _last_action_index(mask: Tensor) -> Tensor:
+    """[N] index of each row's last True in ``mask`` (-1 for a row without one); the mask may
+    have holes, so this is not ``mask.sum(1) - 1``."""
+    if mask.shape[1] == 0:
+        return torch.full((mask.shape[0],), -1, dtype=torch.long, device=mask.device)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask, positions, torch.full_like(positions, -1)).amax(dim=1)
 
 
 def token_level_rewards(
-    rewards: Tensor, mask: Tensor, token_kl: Tensor | None = None, kl_coef: float = 0.0
+    rewards: Tensor,
+    mask: Tensor,
+    token_kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    token_rewards: Tensor | None = None,
 ) -> Tensor:
-    """Per-token rewards [N, T]: the outcome reward on each completion's last real token, minus
-    ``kl_coef`` x the per-token KL estimate when the KL penalty goes into the reward (as in
+    """Per-token rewards [N, T]: the outcome reward on each completion's last action token, plus
+    the reward side's per-token rewards ``token_rewards`` (process or step rewards) when given,
+    minus ``kl_coef`` x the per-token KL estimate when the KL penalty goes into the reward (as in
     "Training language models to follow instructions with human feedback", Ouyang et al., 2022,
-    arXiv:2203.02155, and REINFORCE++). 0 on padding."""
+    arXiv:2203.02155, and REINFORCE++). 0 off the action mask."""
     mask = mask.bool()
     if rewards.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"rewards [N] and mask [N, T] expected; got {tuple(rewards.shape)}, {tuple(mask.shape)}")
     dtype = _out_dtype(rewards)
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
     out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    lengths = mask.sum(dim=1)
-    has = lengths > 0
-    last = (lengths - 1).clamp_min(0)
+    last = _last_action_index(mask)
+    has = last >= 0
     rows = torch.arange(mask.shape[0], device=mask.device)
     out[rows[has], last[has]] = rewards[has].to(dtype)
+    if token_rewards is not None:
+        out = out + torch.where(mask, token_rewards.to(dtype), zero)
     if token_kl is not None and kl_coef:
-        out = out - kl_coef * torch.where(mask, token_kl.to(dtype), torch.zeros((), dtype=dtype))
+        out = out - kl_coef * torch.where(mask, token_kl.to(dtype), zero)
     return out
 
 
 def _returns_to_go(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    # Padding is right of every real token and holds 0, so the running sum starts clean.
-    r = torch.where(mask, token_rewards, torch.zeros((), dtype=token_rewards.dtype))
+    # Off the action mask (holes and padding) the running sum is carried unchanged: a hole is not
+    # an action, so it is neither rewarded nor discounted.
+    zero = torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device)
+    r = torch.where(mask, token_rewards, zero)
     out = torch.zeros_like(r)
     running = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
     for t in range(r.shape[1] - 1, -1, -1):
-        running = r[:, t] + gamma * running
+        running = torch.where(mask[:, t], r[:, t] + gamma * running, running)
         out[:, t] = running
-    return torch.where(mask, out, torch.zeros((), dtype=r.dtype))
+    return torch.where(mask, out, zero)
 
 
 def reinforce_pp_advantages(
@@ -242,17 +302,18 @@ def reinforce_pp_advantages(
     """REINFORCE++: returns with global batch normalisation instead of a critic or group std.
 
     "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models", Hu et al.,
-    2025, arXiv:2501.03262. Without ``group_index``: the return-to-go of each token
-    ``G_t = sum_{s>=t} gamma^(s-t) r_s`` (``token_rewards`` hold the outcome on the last token and
-    any per-token KL penalty), whitened over all real tokens of the batch::
+    2025, arXiv:2501.03262. Without ``group_index``: the return-to-go of each action token
+    ``G_t = sum_{s>=t} gamma^(s-t) r_s`` over the action tokens (``token_rewards`` hold the
+    outcome on the last one, any per-token rewards and any per-token KL penalty), whitened over
+    all action tokens of the batch::
 
-        A_t = (G_t - mean_batch(G)) / std_batch(G)
+        A_t = (G_t - mean_batch(G)) / sqrt(var_batch(G) + eps)
 
     With ``group_index`` (the "REINFORCE++-baseline" variant for several samples per prompt): the
-    sequence return ``sum_t r_t`` minus its group mean, broadcast to every token, then whitened
-    over all real tokens of the batch.
+    sequence return ``sum_t r_t`` minus its group mean, broadcast to every action token, then
+    whitened over all action tokens of the batch.
 
-    Returns [N, T], 0 on padding.
+    Returns [N, T], 0 off the action mask.
     """
     mask = mask.bool()
     if token_rewards.shape != mask.shape:
@@ -261,11 +322,38 @@ def reinforce_pp_advantages(
     if group_index is None:
         returns = _returns_to_go(x, mask, gamma)
     else:
-        score = torch.where(mask, x, torch.zeros((), dtype=x.dtype)).sum(dim=1)
+        score = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim=1)
         _check_1d(score, group_index)
         g, count, total, _ = _group_stats(score, group_index)
         returns = (score - (total / count)[g])[:, None].expand_as(x)
     return masked_whiten(returns, mask, eps=eps).to(_out_dtype(token_rewards))
+
+
+def _gae64(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """``gae_advantages`` in float64, before the cast back (whitening happens in float64 too)."""
+    mask = mask.bool()
+    if token_rewards.shape != mask.shape or values.shape != mask.shape:
+        raise ValueError(
+            f"token_rewards {tuple(token_rewards.shape)}, values {tuple(values.shape)} and mask "
+            f"{tuple(mask.shape)} must match"
+        )
+    dtype = torch.float64
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    r = torch.where(mask, token_rewards.detach().to(dtype), zero)
+    v = torch.where(mask, values.detach().to(dtype), zero)
+    n, t_len = mask.shape
+    adv = torch.zeros((n, t_len), dtype=dtype, device=mask.device)
+    running = torch.zeros(n, dtype=dtype, device=mask.device)
+    next_v = torch.zeros(n, dtype=dtype, device=mask.device)  # V = 0 after the last action token
+    for t in range(t_len - 1, -1, -1):
+        m = mask[:, t]
+        delta = r[:, t] + gamma * next_v - v[:, t]
+        # Off the action mask nothing changes: padding keeps the zero start, and across a hole the
+        # next action token's value and advantage flow back to the action before it.
+        running = torch.where(m, delta + gamma * lam * running, running)
+        adv[:, t] = torch.where(m, running, zero)
+        next_v = torch.where(m, v[:, t], next_v)
+    return adv, torch.where(mask, adv + v, zero)
 
 
 def gae_advantages(
@@ -275,42 +363,22 @@ def gae_advantages(
 
     "High-Dimensional Continuous Control Using Generalized Advantage Estimation", Schulman et al.,
     2015, arXiv:1506.02438; used with PPO ("Proximal Policy Optimization Algorithms", Schulman et
-    al., 2017, arXiv:1707.06347). With ``V_T = 0`` after the last real token::
+    al., 2017, arXiv:1707.06347). Over the action tokens t, t' = the next action token after t,
+    with ``V = 0`` after the last one::
 
-        delta_t = r_t + gamma * V_{t+1} - V_t
-        A_t     = sum_l (gamma * lam)^l * delta_{t+l}
+        delta_t = r_t + gamma * V_{t'} - V_t
+        A_t     = delta_t + gamma * lam * A_{t'}
         R_t     = A_t + V_t            (the critic's regression target)
 
     Args:
         token_rewards: [N, T], see :func:`token_level_rewards`.
         values: [N, T] critic values V(s_t) of the state before each completion token.
-        mask: [N, T] bool.
+        mask: [N, T] bool action mask (holes allowed: they are skipped).
 
     Returns:
-        ``(advantages [N, T], returns [N, T])``, both 0 on padding, not yet whitened.
+        ``(advantages [N, T], returns [N, T])``, both 0 off the mask, not yet whitened.
     """
-    mask = mask.bool()
-    if token_rewards.shape != mask.shape or values.shape != mask.shape:
-        raise ValueError(
-            f"token_rewards {tuple(token_rewards.shape)}, values {tuple(values.shape)} and mask "
-            f"{tuple(mask.shape)} must match"
-        )
-    dtype = torch.float64
-    zero = torch.zeros((), dtype=dtype)
-    r = torch.where(mask, token_rewards.detach().to(dtype), zero)
-    v = torch.where(mask, values.detach().to(dtype), zero)
-    n, t_len = mask.shape
-    adv = torch.zeros((n, t_len), dtype=dtype)
-    running = torch.zeros(n, dtype=dtype)
-    next_v = torch.zeros(n, dtype=dtype)
-    m = mask.to(dtype)
-    for t in range(t_len - 1, -1, -1):
-        delta = r[:, t] + gamma * next_v - v[:, t]
-        running = delta + gamma * lam * running
-        running = running * m[:, t]  # padding: no advantage, and nothing flows back past the end
-        adv[:, t] = running
-        next_v = v[:, t] * m[:, t]
-    returns = torch.where(mask, adv + v, zero)
+    adv, returns = _gae64(token_rewards, values, mask, gamma, lam)
     out = _out_dtype(token_rewards)
     return adv.to(out), returns.to(out)
 
@@ -345,7 +413,7 @@ def passk_advantages(correct: Tensor, group_index: Tensor, k: int, *, eps: float
     c = correct.detach().to(torch.float64)
     if not torch.all((c == 0) | (c == 1)):
         raise ValueError("passk_advantages needs binary correctness (0/1) per sample")
-    out = torch.zeros(c.shape, dtype=torch.float32)
+    out = torch.zeros(c.shape, dtype=torch.float32, device=c.device)
     if c.numel() == 0:
         return out
     _, g = torch.unique(group_index, return_inverse=True)
@@ -364,64 +432,178 @@ def passk_advantages(correct: Tensor, group_index: Tensor, k: int, *, eps: float
             continue
         a_pos = (1.0 - mean) / (std + eps)
         a_neg = (1.0 - mean - math.comb(n_neg - 1, k - 1) / math.comb(n - 1, k - 1)) / (std + eps) if n_neg else 0.0
-        out[rows] = torch.where(c[rows] == 1, torch.tensor(a_pos), torch.tensor(a_neg)).float()
+        out[rows] = torch.where(c[rows] == 1, a_pos, a_neg).float()
     return out
 
 
-def compute_advantages(
-    estimator: str,
-    *,
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    scale: bool | str = "group",
-    token_kl: Tensor | None = None,
-    kl_coef: float = 0.0,
-    baseline_rewards: Tensor | None = None,
-    values: Tensor | None = None,
-    correct: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    passk_k: int = 1,
-    whiten: bool = True,
-    eps: float = 1e-6,
-) -> tuple[Tensor, Tensor | None]:
-    """One entry point for every estimator in ``ADVANTAGE_ESTIMATORS``, so that the trainer never
-    branches on a method. Returns ``(advantages, returns)``: advantages [N] or [N, T]; returns
-    [N, T] only for "gae" (the critic's targets), else None.
+# --------------------------------------------------------------------------- dispatch
 
-    With ``kl_coef > 0`` the per-token KL estimate ``token_kl`` is subtracted from the reward:
-    token by token for "reinforce_pp" and "gae", summed over the completion for the
-    sequence-level estimators. ``scale`` applies to "grpo", "rloo" and "remax".
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an estimator may read, for one rollout batch. Optional tensors are given when
+    the chosen estimator declares the matching need (``needs_of``); settings come from the
+    ``algorithm`` config section.
+
+    rewards:          [N] float, one scalar reward per trajectory (the outcome).
+    group_index:      [N] long, the prompt each trajectory answers (any ids, any group sizes).
+    mask:             [N, T] bool ACTION mask: True on the tokens the model wrote and is trained
+                      on; holes (tool output, environment messages) and padding are False.
+    token_rewards:    [N, T] float or None: per-token rewards from the reward side (process or
+                      step rewards), added to the outcome on the last action token. Only for
+                      estimators that declare ``Needs(token_rewards=True)``.
+    token_kl:         [N, T] float or None: per-token KL estimate to the reference, subtracted
+                      from the reward x ``kl_coef`` (token by token for token-level estimators,
+                      summed over the trajectory for sequence-level ones).
+    kl_coef:          the weight of ``token_kl`` (``algorithm.kl_reward_coef``).
+    values:           [N, T] critic values (``Needs(critic=True)``).
+    baseline_rewards: [P] reward of each prompt's greedy completion (``Needs(greedy_baseline=True)``).
+    correct:          [N] 0/1 correctness per sample (``Needs(correctness=True)``).
+    scale:            ``algorithm.scale_rewards`` ("group", "batch", "none"; true/false allowed).
+    gamma, lam:       discount and GAE lambda (``algorithm.gamma``, ``algorithm.lam``).
+    passk_k:          k of pass@k (``algorithm.passk_k``).
+    whiten:           whiten GAE's advantages over the batch's action tokens.
+    eps:              added to the group std by grpo/rloo/remax/passk.
     """
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {ADVANTAGE_ESTIMATORS}")
-    tok = token_level_rewards(rewards, mask, token_kl, kl_coef)
-    seq = tok.sum(dim=1) if (token_kl is not None and kl_coef) else rewards.to(tok.dtype)
-    if estimator == "grpo":
-        return group_normalized_advantages(seq, group_index, scale=scale, eps=eps), None
-    if estimator == "rloo":
-        return leave_one_out_advantages(seq, group_index, scale=scale, eps=eps), None
-    if estimator == "remax":
-        if baseline_rewards is None:
-            raise ValueError("the remax estimator needs baseline_rewards (the greedy completions' rewards)")
-        adv = greedy_baseline_advantages(seq, group_index, baseline_rewards)
-        if scale not in ("none", False):
-            r = seq.detach().to(torch.float64)
-            g, count, _, _ = _group_stats(r, group_index)
-            adv = _scale_by_std(adv.to(torch.float64), r, g, count, scale, eps).to(adv.dtype)
-        return adv, None
-    if estimator == "reinforce_pp":
-        return reinforce_pp_advantages(tok, mask, gamma=gamma), None
-    if estimator == "reinforce_pp_baseline":
-        return reinforce_pp_advantages(tok, mask, gamma=gamma, group_index=group_index), None
-    if estimator == "passk":
-        if correct is None:
-            raise ValueError("the passk estimator needs per-sample correctness")
-        return passk_advantages(correct, group_index, passk_k, eps=eps), None
-    if values is None:
-        raise ValueError("the gae estimator needs critic values")
-    adv, returns = gae_advantages(tok, values, mask, gamma=gamma, lam=lam)
-    if whiten:
-        adv = masked_whiten(adv, mask)
-    return adv, returns
+
+    rewards: Tensor
+    group_index: Tensor
+    mask: Tensor
+    token_rewards: Tensor | None = None
+    token_kl: Tensor | None = None
+    kl_coef: float = 0.0
+    values: Tensor | None = None
+    baseline_rewards: Tensor | None = None
+    correct: Tensor | None = None
+    scale: str | bool = "group"
+    gamma: float = 1.0
+    lam: float = 1.0
+    passk_k: int = 1
+    whiten: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _check_1d(self.rewards, self.group_index)
+        if self.mask.dim() != 2 or self.mask.shape[0] != self.rewards.shape[0]:
+            raise ValueError(
+                f"AdvantageInputs.mask must be [N, T] with N = {self.rewards.shape[0]} rows (one per reward); "
+                f"got {tuple(self.mask.shape)}"
+            )
+        object.__setattr__(self, "mask", self.mask.bool())
+        object.__setattr__(self, "scale", scale_mode(self.scale))
+        for name in ("token_rewards", "token_kl", "values"):
+            x = getattr(self, name)
+            if x is not None and x.shape != self.mask.shape:
+                raise ValueError(
+                    f"AdvantageInputs.{name} must be [N, T] like the mask {tuple(self.mask.shape)}; got {tuple(x.shape)}"
+                )
+        if self.correct is not None and self.correct.shape != self.rewards.shape:
+            raise ValueError(f"AdvantageInputs.correct must be [N] like rewards; got {tuple(self.correct.shape)}")
+
+    def sequence_rewards(self) -> Tensor:
+        """[N] reward per trajectory for sequence-level estimators: the outcome minus
+        ``kl_coef`` x the KL summed over its action tokens."""
+        dtype = _out_dtype(self.rewards)
+        r = self.rewards.to(dtype)
+        if self.token_kl is None or not self.kl_coef:
+            return r
+        zero = torch.zeros((), dtype=dtype, device=r.device)
+        return r - self.kl_coef * torch.where(self.mask, self.token_kl.to(dtype), zero).sum(dim=1)
+
+    def per_token_rewards(self) -> Tensor:
+        """[N, T] rewards for token-level estimators, see :func:`token_level_rewards`."""
+        return token_level_rewards(self.rewards, self.mask, self.token_kl, self.kl_coef, self.token_rewards)
+
+
+class Advantages(NamedTuple):
+    """What an estimator returns: advantages [N] or [N, T], and for estimators with a critic the
+    critic's regression targets [N, T] (else None)."""
+
+    advantages: Tensor
+    returns: Tensor | None = None
+
+
+def _check_inputs(name: str, needs: Needs, x: AdvantageInputs) -> None:
+    missing = {
+        "critic": (x.values, "critic values (AdvantageInputs.values)"),
+        "greedy_baseline": (x.baseline_rewards, "baseline_rewards (the greedy completions' rewards)"),
+        "correctness": (x.correct, "per-sample correctness (AdvantageInputs.correct)"),
+    }
+    for need, (value, what) in missing.items():
+        if getattr(needs, need) and value is None:
+            raise ValueError(f"the {name} estimator needs {what}")
+    if x.token_rewards is not None and not needs.token_rewards:
+        takers = [n for n in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.needs(n).token_rewards]
+        raise ValueError(
+            f"the {name} estimator is sequence-level and does not use per-token rewards; they would be "
+            f"dropped. Use an estimator that reads them ({', '.join(takers)}), or leave token_rewards out"
+        )
+
+
+def compute_advantages(estimator: str, inputs: AdvantageInputs) -> Advantages:
+    """The advantages of ``inputs`` under the registered estimator ``estimator``
+    (``algorithm.advantage``), so that the trainer never branches on a method. Checks first that
+    the inputs the estimator declares (critic values, greedy baseline, correctness) are given, and
+    that per-token rewards are not handed to an estimator that would ignore them."""
+    fn = ADVANTAGE_ESTIMATORS.lookup(estimator)
+    _check_inputs(estimator, ADVANTAGE_ESTIMATORS.needs(estimator), inputs)
+    advantages, returns = fn(inputs)
+    return Advantages(advantages, returns)
+
+
+# --------------------------------------------------------------------------- the registered estimators
+
+
+@register_advantage("grpo")
+def grpo_estimator(x: AdvantageInputs) -> Advantages:
+    """Group-relative (GRPO / Dr. GRPO / Lite PPO per ``scale``): :func:`group_normalized_advantages`."""
+    return Advantages(group_normalized_advantages(x.sequence_rewards(), x.group_index, scale=x.scale, eps=x.eps))
+
+
+@register_advantage("rloo")
+def rloo_estimator(x: AdvantageInputs) -> Advantages:
+    """Leave-one-out baseline: :func:`leave_one_out_advantages`."""
+    return Advantages(leave_one_out_advantages(x.sequence_rewards(), x.group_index, scale=x.scale, eps=x.eps))
+
+
+@register_advantage("remax", needs=Needs(greedy_baseline=True))
+def remax_estimator(x: AdvantageInputs) -> Advantages:
+    """The greedy completion's reward as baseline (:func:`greedy_baseline_advantages`), divided by
+    the samples' reward std per ``scale`` (ReMax itself: "none")."""
+    seq = x.sequence_rewards()
+    adv = greedy_baseline_advantages(seq, x.group_index, x.baseline_rewards)
+    if x.scale != "none":
+        r = seq.detach().to(torch.float64)
+        g, count, _, _ = _group_stats(r, x.group_index)
+        adv = _scale_by_std(adv.to(torch.float64), r, g, count, x.scale, x.eps).to(adv.dtype)
+    return Advantages(adv)
+
+
+@register_advantage("reinforce_pp", needs=Needs(token_rewards=True))
+def reinforce_pp_estimator(x: AdvantageInputs) -> Advantages:
+    """Returns-to-go whitened over the batch: :func:`reinforce_pp_advantages`."""
+    return Advantages(reinforce_pp_advantages(x.per_token_rewards(), x.mask, gamma=x.gamma))
+
+
+@register_advantage("reinforce_pp_baseline", needs=Needs(token_rewards=True))
+def reinforce_pp_baseline_estimator(x: AdvantageInputs) -> Advantages:
+    """Group-mean baseline on the sequence return, then batch whitening."""
+    return Advantages(reinforce_pp_advantages(x.per_token_rewards(), x.mask, gamma=x.gamma, group_index=x.group_index))
+
+
+@register_advantage("gae", needs=Needs(critic=True, token_rewards=True))
+def gae_estimator(x: AdvantageInputs) -> Advantages:
+    """GAE with the critic's values (:func:`gae_advantages`), whitened over the batch's action
+    tokens in float64 when ``whiten``; returns are the critic's targets."""
+    tok = x.per_token_rewards()
+    adv, returns = _gae64(tok, x.values, x.mask, x.gamma, x.lam)
+    if x.whiten:
+        adv = masked_whiten(adv, x.mask)
+    out = _out_dtype(tok)
+    return Advantages(adv.to(out), returns.to(out))
+
+
+@register_advantage("passk", needs=Needs(correctness=True))
+def passk_estimator(x: AdvantageInputs) -> Advantages:
+    """The pass@k objective's advantages from correctness: :func:`passk_advantages`."""
+    return Advantages(passk_advantages(x.correct, x.group_index, x.passk_k, eps=x.eps))

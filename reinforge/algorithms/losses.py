@@ -4,6 +4,10 @@ Shapes follow ``reinforge.batch``: N completions, T completion tokens (right-pad
 with True on real tokens. Every function returns a per-token tensor [N, T] that is exactly 0 on
 padding, whatever garbage (even ±inf or NaN) the padded positions of its inputs hold, in the
 forward pass and in the gradients; turning it into a scalar is ``aggregation.aggregate_loss``'s job.
+Masks may have holes (an action mask: tokens the model did not write are False); everything here
+is per token or sums over the mask, so holes are simply not trained on.
+
+Policy losses are registered by their ``algorithm.policy_loss`` name with ``register_policy_loss``.
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from reinforge.algorithms.registry import Needs, Registry
+
 __all__ = [
+    "register_policy_loss",
     "clipped_surrogate_loss",
     "gspo_loss",
     "cispo_loss",
@@ -25,12 +32,30 @@ __all__ = [
     "truncated_importance_weights",
     "COV_PENALTIES",
     "covariance_token_selection",
+    "tokens_with_gradient",
+    "kl_cov_loss",
+    "apply_cov_penalty",
+    "K3_MAX",
 ]
 
 # exp(20) ~ 4.9e8: far beyond any ratio a clipped objective lets through, far below overflow.
 _LOG_RATIO_CLAMP = 20.0
+#: The k3 KL estimate is clamped to at most this (zero gradient beyond), as common practice does
+#: (e.g. verl's low_var_kl): one token far below the reference must not dominate the loss.
+K3_MAX = 10.0
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+
+#: Every policy loss, by its ``algorithm.policy_loss`` name; add one with ``register_policy_loss``.
+POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss")
+
+
+def register_policy_loss(name: str, *, needs: Needs = Needs()):
+    """Decorator: register a per-token policy loss as ``algorithm.policy_loss=name``. Signature
+    ``(logprobs, old_logprobs, advantages, mask, *, clip_eps_low, clip_eps_high, dual_clip) ->
+    (per_token [N, T], 0 off the mask, {"clip_fraction", "ratio_mean", "ratio_max"})``;
+    ``needs`` declares what it needs beyond the batch (see ``Needs``)."""
+    return POLICY_LOSSES.register(name, needs=needs)
 
 
 def _masked_log_ratio(num: Tensor, den: Tensor, mask: Tensor) -> Tensor:
@@ -45,6 +70,7 @@ def _masked_log_ratio(num: Tensor, den: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, num - den, zero)
 
 
+@register_policy_loss("clipped")
 def clipped_surrogate_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -128,6 +154,7 @@ def _ratio_stats(ratio: Tensor, mask: Tensor, clipped: Tensor) -> dict[str, Tens
         }
 
 
+@register_policy_loss("gspo")
 def gspo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -149,17 +176,20 @@ def gspo_loss(
 
     Aggregated with ``seq_mean_token_mean`` this is GSPO's objective, whose gradient is
     ``-(1/G) sum_i s_i A_i mean_t grad logp_t`` for unclipped sequences. Clipping removes whole
-    sequences, not tokens. The paper's ranges are 3e-4 and 4e-4 (the ratio is length-normalised).
-    ``dual_clip`` is not used. Returns ``(per_token [N, T], stats)`` as
-    :func:`clipped_surrogate_loss`.
+    sequences, not tokens. The log of ``s_i,t`` is clamped to [-20, 20], value and gradient: a
+    sequence whose mean log-ratio is beyond that gets the bounded value and no gradient. The
+    paper's ranges are 3e-4 and 4e-4 (the ratio is length-normalised). ``dual_clip`` is not used.
+    Returns ``(per_token [N, T], stats)`` as :func:`clipped_surrogate_loss`.
     """
     mask = mask.bool()
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     lengths = mask.sum(dim=1).clamp_min(1).to(log_ratio.dtype)
-    seq_log_ratio = (log_ratio.sum(dim=1) / lengths).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    seq_log_ratio = log_ratio.sum(dim=1) / lengths
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     lp = torch.where(mask, logprobs, zero)
-    token_log_ratio = seq_log_ratio.detach()[:, None] + lp - lp.detach()
+    # The whole log-ratio is clamped, not only its detached part: beyond the bound the value stays
+    # at exp(20) AND the gradient is 0, as for the token ratio of the clipped surrogate.
+    token_log_ratio = (seq_log_ratio.detach()[:, None] + lp - lp.detach()).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = torch.exp(token_log_ratio)
     adv = _token_advantages(advantages, mask, ratio.dtype)
     unclipped = ratio * adv
@@ -168,6 +198,7 @@ def gspo_loss(
     return per_token, _ratio_stats(ratio, mask, clipped < unclipped)
 
 
+@register_policy_loss("cispo")
 def cispo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -202,6 +233,7 @@ def cispo_loss(
     return per_token, _ratio_stats(ratio, mask, weight != ratio)
 
 
+@register_policy_loss("reinforce")
 def reinforce_loss(
     logprobs: Tensor,
     old_logprobs: Tensor | None,
@@ -224,23 +256,13 @@ def reinforce_loss(
     adv = _token_advantages(advantages, mask, logprobs.dtype)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     per_token = torch.where(mask, -adv * torch.where(mask, logprobs, zero), zero)
-    one = torch.ones((), dtype=logprobs.dtype)
+    one = torch.ones((), dtype=logprobs.dtype, device=logprobs.device)
     return per_token, {"clip_fraction": zero.detach().clone(), "ratio_mean": one, "ratio_max": one.clone()}
-
-
-POLICY_LOSSES = {
-    "clipped": clipped_surrogate_loss,
-    "gspo": gspo_loss,
-    "cispo": cispo_loss,
-    "reinforce": reinforce_loss,
-}
 
 
 def policy_loss(name: str, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **kw):
     """Dispatch to one of ``POLICY_LOSSES`` by its config name; same arguments and returns."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; expected one of {tuple(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name](logprobs, old_logprobs, advantages, mask, **kw)
+    return POLICY_LOSSES.lookup(name)(logprobs, old_logprobs, advantages, mask, **kw)
 
 
 def value_loss(
@@ -316,6 +338,26 @@ def truncated_importance_weights(
 COV_PENALTIES = ("none", "clip_cov", "kl_cov")
 
 
+def tokens_with_gradient(
+    loss_name: str, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **loss_opts
+) -> Tensor:
+    """[N, T] bool: the tokens whose policy-loss gradient is not zero at these log-probs.
+
+    A token the ratio clip (or the dual clip) has cut off, or one with a zero advantage, already
+    gets no gradient; Clip-Cov leaves those out of its draw, since detaching them would change
+    nothing and use up the budget. Computed by differentiating the registered loss ``loss_name``
+    itself (with ``loss_opts``: the clip ranges), so it holds for every loss. No gradient flows
+    into the inputs."""
+    mask = mask.bool()
+    with torch.enable_grad():
+        lp = logprobs.detach().clone().requires_grad_(True)
+        per_token, _ = policy_loss(loss_name, lp, old_logprobs.detach(), advantages.detach(), mask, **loss_opts)
+        (grad,) = torch.autograd.grad(per_token.sum(), lp, allow_unused=True)
+    if grad is None:
+        return torch.zeros_like(mask)
+    return mask & (grad != 0)
+
+
 def covariance_token_selection(
     logprobs: Tensor,
     advantages: Tensor,
@@ -325,6 +367,7 @@ def covariance_token_selection(
     ratio: float,
     bounds: tuple[float, float] = (1.0, 5.0),
     generator: torch.Generator | None = None,
+    eligible: Tensor | None = None,
 ) -> Tensor:
     """The tokens Clip-Cov or KL-Cov act on, from the covariance of log-prob and advantage.
 
@@ -334,15 +377,19 @@ def covariance_token_selection(
 
         cov_t = (logp_t - mean(logp)) * (A_t - mean(A))
 
-    - "clip_cov": among tokens with ``bounds[0] < cov_t < bounds[1]``, pick
-      ``max(1, int(ratio * n_tokens))`` at random (``generator``); their gradient is then dropped.
+    - "clip_cov": among tokens with ``bounds[0] < cov_t < bounds[1]`` that are ``eligible``,
+      pick ``max(1, int(ratio * n_tokens))`` at random (``generator``); their gradient is then
+      dropped. ``eligible`` (default: every real token) should leave out the tokens whose
+      gradient is already zero (:func:`tokens_with_gradient`), as the authors' code leaves out
+      the tokens the PPO clip cuts off: otherwise those use up the draw.
     - "kl_cov": the ``max(1, int(ratio * n_tokens))`` tokens with the largest ``cov_t``; they get a
-      penalty ``coef * |logp - logp_old|``.
+      penalty ``coef * |logp - logp_old|`` (:func:`kl_cov_loss`).
 
-    Returns [N, T] bool (False on padding and for mode "none").
+    ``n_tokens`` and the means count every real token, eligible or not. Returns [N, T] bool
+    (False on padding and for mode "none").
     """
     mask = mask.bool()
-    sel = torch.zeros(mask.shape, dtype=torch.bool)
+    sel = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
     if mode == "none" or not mask.any():
         return sel
     if mode not in COV_PENALTIES:
@@ -358,13 +405,73 @@ def covariance_token_selection(
     if mode == "kl_cov":
         idx = torch.topk(flat, min(k, n)).indices
     else:
-        cand = ((flat > bounds[0]) & (flat < bounds[1])).nonzero().squeeze(1)
+        window = (flat > bounds[0]) & (flat < bounds[1])
+        if eligible is not None:
+            window &= eligible.bool().flatten()
+        cand = window.nonzero().squeeze(1)
         if len(cand) == 0:
             return sel
-        perm = torch.randperm(len(cand), generator=generator)[: min(k, len(cand))]
+        perm = torch.randperm(len(cand), generator=generator)[: min(k, len(cand))].to(cand.device)
         idx = cand[perm]
     sel.view(-1)[idx] = True
     return sel
+
+
+def kl_cov_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    selected: Tensor,
+    *,
+    coef: float = 1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL-Cov's per-token loss (Cui et al., 2025, arXiv:2505.22617): the UNCLIPPED surrogate on
+    every token, plus a penalty on the ``selected`` high-covariance tokens, in place of PPO's clip::
+
+        loss_t = -A_t * rho_t  +  [t in selected] * coef * |logp_t - logp_old_t|
+
+    with ``rho_t = exp(logp_t - logp_old_t)`` (log clamped to [-20, 20]). On a fresh batch
+    (``logp_old = sg(logp)``) it is the plain policy gradient. Returns ``(per_token [N, T], stats)``
+    like the policy losses, ``clip_fraction`` 0 (nothing is clipped)."""
+    mask = mask.bool()
+    log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
+    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    adv = _token_advantages(advantages, mask, ratio.dtype)
+    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+    penalty = torch.where(selected.bool() & mask, coef * log_ratio.abs(), zero)
+    per_token = torch.where(mask, -adv * ratio + penalty, zero)
+    return per_token, _ratio_stats(ratio, mask, torch.zeros_like(mask))
+
+
+def apply_cov_penalty(
+    mode: str,
+    per_token: Tensor,
+    stats: dict[str, Tensor],
+    *,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    selected: Tensor,
+    kl_coef: float = 1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The policy loss ``(per_token, stats)`` with the covariance regulariser ``mode`` applied on
+    the ``selected`` tokens (:func:`covariance_token_selection`):
+
+    - "clip_cov": the selected tokens keep their loss value and lose their gradient.
+    - "kl_cov": the loss becomes :func:`kl_cov_loss` (the ratio clip is replaced, as in the paper
+      and its authors' code, not stacked under the penalty).
+    - "none": unchanged.
+    """
+    if mode == "none":
+        return per_token, stats
+    sel = selected.bool() & mask.bool()
+    if mode == "clip_cov":
+        return torch.where(sel, per_token.detach(), per_token), stats
+    if mode == "kl_cov":
+        return kl_cov_loss(logprobs, old_logprobs, advantages, mask, sel, coef=kl_coef)
+    raise ValueError(f"unknown covariance penalty {mode!r}; expected one of {COV_PENALTIES}")
 
 
 def kl_penalty(
@@ -379,7 +486,10 @@ def kl_penalty(
         k2 = d^2 / 2                    biased, low variance, >= 0
         k3 = exp(-d) - (-d) - 1         unbiased, low variance, >= 0 (GRPO's choice)
 
-    For k3 the log-ratio is clamped to [-20, 20] so ``exp`` cannot overflow.
+    k3 is bounded: the log-ratio is clamped to [-20, 20] so ``exp`` cannot overflow, and the
+    estimate to at most ``K3_MAX`` = 10 with zero gradient beyond (common practice, e.g. verl's
+    ``low_var_kl``): a token whose reference log-prob is far above its own (d = -4 gives 49.6,
+    gradient -53.6) would otherwise dominate the loss.
 
     Args:
         logprobs: [N, T] log-probs under the policy being trained.
@@ -398,4 +508,4 @@ def kl_penalty(
     if estimator == "k2":
         return 0.5 * d * d
     neg = (-d).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)  # log(pi_ref / pi)
-    return torch.exp(neg) - neg - 1.0
+    return (torch.exp(neg) - neg - 1.0).clamp(max=K3_MAX)

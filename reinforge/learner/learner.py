@@ -17,10 +17,12 @@ import torch
 
 from ..algorithms import (
     aggregate_loss,
+    apply_cov_penalty,
     covariance_token_selection,
     entropy_from_logits,
     kl_penalty,
     policy_loss,
+    tokens_with_gradient,
 )
 from ..batch import RolloutBatch, TrainBatch
 from ..config import AlgorithmConfig, LearnerConfig
@@ -214,14 +216,24 @@ class Learner:
             num_tokens = float(loss_mask.sum().clamp(min=1))
         num_sequences = float(len(rollout))
         agg = dict(num_tokens=num_tokens, num_sequences=num_sequences)
+        loss_opts = dict(clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip)
         # Which tokens Clip-Cov/KL-Cov act on is decided once for the whole batch, so that the
         # micro-batch split cannot change it.
         selected = None
         if algo.cov_penalty != "none":
             lp_ref = batch.old_logprobs if batch.old_logprobs is not None else rollout.sampler_logprobs
+            eligible = None
+            if algo.cov_penalty == "clip_cov":
+                # Clip-Cov draws among tokens that still have a gradient; whether the ratio clip
+                # cuts one off needs the current log-probs (one no-grad forward), except on a
+                # fresh batch (ratio 1).
+                current = lp_ref if batch.old_logprobs is None else self.compute_logprobs(rollout)
+                eligible = tokens_with_gradient(
+                    algo.policy_loss, current, lp_ref, batch.advantages, loss_mask, **loss_opts
+                )
             selected = covariance_token_selection(
                 lp_ref, batch.advantages, loss_mask, algo.cov_penalty,
-                ratio=algo.cov_ratio, bounds=tuple(algo.cov_bounds),
+                ratio=algo.cov_ratio, bounds=tuple(algo.cov_bounds), eligible=eligible,
             )
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -231,7 +243,6 @@ class Learner:
             sums["kl"] = 0.0
         if selected is not None:
             sums["cov_selected_frac"] = float(selected.sum()) / max(float(loss_mask.sum()), 1.0)
-        loss_opts = dict(clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip)
         finite = True
         # On fresh samples the forward's detached log-probs are the policy's rollout-time ones:
         # kept so that the sampler/learner mismatch can be measured without another forward.
@@ -255,16 +266,13 @@ class Learner:
                 fresh[rows, :cw] = old.float().cpu()
             adv = part(batch.advantages)
             per_token, stats = policy_loss(algo.policy_loss, logprobs, old, adv, m, **loss_opts)
+            if selected is not None:
+                per_token, stats = apply_cov_penalty(
+                    algo.cov_penalty, per_token, stats, logprobs=logprobs, old_logprobs=old, advantages=adv,
+                    mask=m, selected=part(selected), kl_coef=algo.kl_cov_coef,
+                )
             if batch.is_weights is not None:
                 per_token = per_token * part(batch.is_weights).to(per_token.dtype)
-            if selected is not None:
-                sel = part(selected) & m
-                if algo.cov_penalty == "clip_cov":  # selected tokens keep their value, lose their gradient
-                    per_token = torch.where(sel, per_token.detach(), per_token)
-                else:
-                    per_token = per_token + torch.where(
-                        sel, algo.kl_cov_coef * (logprobs - old).abs(), torch.zeros_like(per_token)
-                    )
             pg = aggregate_loss(per_token, m, algo.loss_agg, **agg)
             loss = pg
             entropy = aggregate_loss(ent, m, "token_mean", num_tokens=float(loss_mask.sum().clamp(min=1)))

@@ -7,7 +7,9 @@ the parameters counted on the meta device: nothing is allocated) and the run's s
 
 - the policy's float32 weights, and under bf16 autocast the bf16 copies autocast caches;
 - gradients and AdamW's two float32 moments of the trained parameters (all, or LoRA's);
-- a frozen reference copy when a KL term is used without LoRA; PPO's critic (a full trained copy);
+- a frozen reference copy when the algorithm needs a reference (a KL term) and LoRA is off, and a
+  critic (a full trained copy) when it needs one: both read from ``algorithms.needs_of``, the
+  declaration the trainer reads too;
 - generation: the KV cache, layers x 2 x kv_heads x head_dim x (prompt + max_new_tokens) x
   generation_batch_size, plus a few [batch, vocab] float32 score tensors;
 - the learner: the activations kept for the backward of one micro-batch of
@@ -29,6 +31,8 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..algorithms import ADVANTAGE_ESTIMATORS, needs_of
 
 log = logging.getLogger("reinforge")
 
@@ -122,7 +126,7 @@ def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEsti
     bf16 = cfg.model.dtype == "bfloat16"
     act = 2 if bf16 else 4  # bytes of a cached key or value
     lora = cfg.model.lora is not None
-    algo = cfg.algorithm
+    needs = needs_of(cfg.algorithm)
     P = shape.params
     trained = shape.lora_params if lora else P
     kv_dim = shape.kv_heads * shape.head_dim
@@ -133,8 +137,8 @@ def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEsti
         "bf16_weight_copies": 2 * P if bf16 and not lora else 0,
         "gradients": 4 * trained,
         "adamw_states": 8 * trained,
-        "reference_model": 4 * P if (algo.kl_coef > 0 or algo.kl_reward_coef > 0) and not lora else 0,
-        "critic": 16 * P if algo.advantage == "gae" else 0,  # weights, gradients, AdamW
+        "reference_model": 4 * P if needs.reference and not lora else 0,
+        "critic": 16 * P if needs.critic else 0,  # weights, gradients, AdamW
     }
 
     g = cfg.rollout.num_samples
@@ -205,7 +209,8 @@ def _advice(cfg, est: MemoryEstimate) -> list[str]:
         "bf16_weight_copies": ["train LoRA adapters (model.lora)"],
         "reference_model": ["train LoRA adapters (model.lora: the KL reference is then the base model "
                             "with the adapters off, no copy)"],
-        "critic": ["use a critic-free algorithm.advantage (grpo, rloo, ...)"],
+        "critic": ["use a critic-free algorithm.advantage ("
+                   + ", ".join(n for n in ADVANTAGE_ESTIMATORS if not ADVANTAGE_ESTIMATORS.needs(n).critic) + ")"],
     }
     out: list[str] = []
     for _, name in sorted(((v, k) for k, v in parts.items() if v), reverse=True):

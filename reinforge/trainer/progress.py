@@ -1,5 +1,6 @@
 """Live progress: step, reward, held-out accuracy, tokens/s and ETA. A rich bar on a terminal;
-one plain line per step otherwise (CI logs, files)."""
+one plain line per step otherwise (CI logs, files). The ETA is shown only once a step of this
+session has finished: before that there is nothing to estimate it from."""
 
 from __future__ import annotations
 
@@ -17,15 +18,15 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self.enabled and self._tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
-            from rich.progress import TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import TextColumn, TimeElapsedColumn
 
             self._bar = RichProgress(
                 TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
-                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
                 transient=False,
             )
             self._bar.start()
-            self._task = self._bar.add_task("train", total=self.total, completed=self.start, info="")
+            self._task = self._bar.add_task("train", total=self.total, completed=self.start, info="", eta="")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -42,11 +43,16 @@ class Progress:
         if eval:
             parts.append(f"held-out acc {eval['accuracy']:.3f}")
         info = "  ".join(parts)
+        elapsed = time.perf_counter() - self._t0
+        eta = self.eta(step, elapsed)
+        eta_text = "" if eta is None else f"eta {eta:.0f}s"
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, info=info)
+            self._bar.update(self._task, completed=step, info=info, eta=eta_text)
         else:
-            done = step - self.start
-            elapsed = time.perf_counter() - self._t0
-            eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
-            print(f"step {step}/{self.total}  {info}  elapsed {elapsed:.0f}s  eta {eta:.0f}s",
-                  file=sys.stderr, flush=True)
+            line = f"step {step}/{self.total}  {info}  elapsed {elapsed:.0f}s"
+            print(f"{line}  {eta_text}" if eta_text else line, file=sys.stderr, flush=True)
+
+    def eta(self, step: int, elapsed: float) -> float | None:
+        """Seconds left at this session's pace, or None before its first step has finished."""
+        done = step - self.start
+        return elapsed / done * (self.total - step) if done > 0 else None

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import compute_advantages, kl_penalty, truncated_importance_weights
+from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, needs_of, truncated_importance_weights
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
 from ..curriculum import build_curriculum
@@ -99,30 +99,6 @@ class Prepared:
     info: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class Needs:
-    """What the configured algorithm components need from the trainer."""
-
-    old_logprobs: bool
-    reference: bool
-    critic: bool
-    greedy_baseline: bool
-
-
-def _needs(algo) -> Needs:
-    # A forward pass for the policy's own log-probs at rollout time is needed whenever the policy
-    # will have moved before a token is trained on, or for the pieces that read them. Otherwise
-    # the single update's own forward gives them (the learner keeps them detached), and a
-    # generator with its own weights has its mismatch measured from those.
-    return Needs(
-        old_logprobs=(algo.epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
-                      or algo.cov_penalty != "none" or algo.kl_reward_coef > 0),
-        reference=algo.kl_coef > 0 or algo.kl_reward_coef > 0,
-        critic=algo.advantage == "gae",
-        greedy_baseline=algo.advantage == "remax",
-    )
-
-
 class PhaseTimer:
     """Wall time per named phase within one step (phases that repeat, like collect and score
     under dynamic sampling, add up)."""
@@ -175,8 +151,9 @@ class Trainer:
         check_memory(cfg, model_path, prompt_tokens=prompt_tokens, device=str(self.device))
         self.model = load_model(cfg.model, path=model_path, device=self.device)
         self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
-        algo = cfg.algorithm
-        self.needs = _needs(algo)
+        # What the algorithm's components declare they need (algorithms.needs_of): which models to
+        # load here, which forwards and generations to run each step.
+        self.needs = needs_of(cfg.algorithm)
         full_copy = cfg.model.model_copy(update={"lora": None})
         reference = None
         if self.needs.reference and cfg.model.lora is None:  # (with LoRA: the base, adapters off)
@@ -311,31 +288,37 @@ class Trainer:
         rollout = scored.rollout
         actions = rollout.action_mask
         info: dict[str, float] = {}
-        old = self.learner.compute_logprobs(rollout) if needs.old_logprobs else None
-        ref = self.learner.compute_logprobs(rollout, reference=True) if needs.reference else None
+        # Without a rollout-time forward (needs.old_logprobs) the single update's own forward gives
+        # the old log-probs, and a generator with its own weights has its mismatch measured from those.
+        old_logprobs = self.learner.compute_logprobs(rollout) if needs.old_logprobs else None
+        ref_logprobs = self.learner.compute_logprobs(rollout, reference=True) if needs.reference else None
         is_weights = None
-        if old is not None:
-            is_weights, mismatch = truncated_importance_weights(old, rollout.sampler_logprobs, actions, algo.tis_cap or 1.0)
+        if old_logprobs is not None:
+            is_weights, mismatch = truncated_importance_weights(
+                old_logprobs, rollout.sampler_logprobs, actions, algo.tis_cap or 1.0
+            )
             info.update(mismatch)
             if algo.tis_cap is None:
                 is_weights = None
                 info.pop("tis_truncated_frac")
         token_kl = None
         if algo.kl_reward_coef > 0:
-            token_kl = kl_penalty(old, ref, actions, algo.kl_reward_estimator)
+            token_kl = kl_penalty(old_logprobs, ref_logprobs, actions, algo.kl_reward_estimator)
             info["kl_reward"] = float(token_kl[actions].mean()) if actions.any() else 0.0
         values = self.learner.values(rollout) if needs.critic else None
         baseline = self._greedy_baseline(scored.examples) if needs.greedy_baseline else None
-        advantages, returns = compute_advantages(
-            algo.advantage, rewards=scored.scores.shaped, group_index=rollout.group_index, mask=actions,
-            scale=algo.scale_rewards, token_kl=token_kl, kl_coef=algo.kl_reward_coef,
-            baseline_rewards=baseline, values=values, correct=scored.scores.correct,
-            gamma=algo.gamma, lam=algo.lam, passk_k=algo.passk_k,
-        )
+        scores = scored.scores
+        advantages, returns = compute_advantages(algo.advantage, AdvantageInputs(
+            rewards=scores.shaped, group_index=rollout.group_index, mask=actions,
+            token_rewards=scores.token_rewards, token_kl=token_kl, kl_coef=algo.kl_reward_coef,
+            baseline_rewards=baseline, values=values, correct=scores.correct if needs.correctness else None,
+            scale=algo.scale_rewards, gamma=algo.gamma, lam=algo.lam, passk_k=algo.passk_k,
+        ))
         loss_mask = actions & ~rollout.truncated[:, None] if algo.overlong_filter else None
         batch = TrainBatch(
-            rollout=rollout, advantages=advantages.float(), old_logprobs=old, ref_logprobs=ref, loss_mask=loss_mask,
-            is_weights=is_weights, returns=None if returns is None else returns.float(), old_values=values,
+            rollout=rollout, advantages=advantages.float(), old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+            loss_mask=loss_mask, is_weights=is_weights, returns=None if returns is None else returns.float(),
+            old_values=values,
         )
         return Prepared(batch, info)
 
