@@ -256,3 +256,24 @@ def test_curriculum_interface_default_and_dynamic_sampling():
 def test_renamed_warmup_keys_still_load():
     cfg = build_config({"learner": {"warmup_steps": 4}, "critic": {"warmup_steps": 2}}, [])
     assert cfg.learner.lr_warmup_steps == 4 and cfg.critic.critic_only_steps == 2
+
+
+def test_token_rewards_from_the_reward_side_reach_token_level_estimators(tiny_tokenizer):
+    from reinforge.algorithms import AdvantageInputs, compute_advantages
+
+    batch = _multi_turn_batch(tiny_tokenizer)
+    examples = [Example(id=str(i), messages=[], answer="a") for i in range(4)]
+    scores = RewardFunction([(_TokenCounter(), 1.0), (ExactMatchVerifier(answer_format="raw"), 1.0)]).score(batch, examples)
+
+    def advantages(name, token_rewards):
+        return compute_advantages(name, AdvantageInputs(
+            rewards=scores.shaped, group_index=batch.group_index, mask=batch.action_mask,
+            token_rewards=token_rewards, scale="none", gamma=1.0,
+        )).advantages
+
+    with_tokens, without = advantages("reinforce_pp", scores.token_rewards), advantages("reinforce_pp", None)
+    assert with_tokens.shape == batch.completion_ids.shape
+    assert not torch.allclose(with_tokens[batch.action_mask], without[batch.action_mask])
+    assert (with_tokens[~batch.action_mask] == 0).all()
+    with pytest.raises(ValueError, match="per-token rewards"):
+        advantages("grpo", scores.token_rewards)  # a sequence-level estimator would drop them
