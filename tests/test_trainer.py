@@ -28,6 +28,13 @@ def sevens_reward(completion: str, example) -> float:
     return completion.count("7") / max(len(completion), 1)
 
 
+def slow_sevens_reward(completion: str, example) -> float:
+    """sevens_reward at a known minimum pace (16 samples a step: >= 0.5 s), so that a signal sent
+    after step 2 lands well before the run's last step however fast the machine is."""
+    time.sleep(0.03)
+    return sevens_reward(completion, example)
+
+
 def raising_reward(completion: str, example) -> float:
     if "a" in completion:
         raise RuntimeError("boom")
@@ -129,7 +136,7 @@ def _wait_for_metrics(run_path: Path, n: int, proc, timeout=240.0):
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
 def test_interrupted_run_resumes(tmp_path, tiny_model_dir, how):
     cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=6", "trainer.checkpoint_every=1",
-                  "trainer.eval_every=0", "tracking.run_name=victim")
+                  "trainer.eval_every=0", "tracking.run_name=victim", reward="test_trainer:slow_sevens_reward")
     run_path = tmp_path / "runs" / "victim"
     proc = _run_cli(["train", *_overrides(cfg)])
     _wait_for_metrics(run_path, 2, proc)
