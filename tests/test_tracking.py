@@ -21,7 +21,9 @@ from reinforge.tracking import (
     read_jsonl,
     rewrite_jsonl,
 )
+from reinforge.tracking import environment as environment_mod
 from reinforge.tracking import run_dir as run_dir_mod
+from reinforge.tracking.curves import plot_learning_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -170,7 +172,7 @@ def test_create_records_git_commit_when_in_a_repo(cfg, monkeypatch):
         ("status", "--porcelain", "--untracked-files=no"): " M reinforge/x.py\n",
         ("diff", "HEAD"): "diff --git a/x b/x\n",
     }
-    monkeypatch.setattr(run_dir_mod, "_run_git", lambda args, cwd: answers[tuple(args)])
+    monkeypatch.setattr(environment_mod, "_run_git", lambda args, cwd: answers[tuple(args)])
     run = RunDir.create(cfg)
     git = run.load_environment()["git"]
     assert git["commit"] == "abc123" and git["dirty"] is True
@@ -259,7 +261,7 @@ def test_plot_curves_png(cfg, fast_env, n_records):
              "reward_mean": acc},
             [],
         )
-    out = run.plot_curves()
+    out = plot_learning_curves(run)
     assert out == run.path / "learning_curves.png"
     data = out.read_bytes()
     assert data[:8] == PNG_MAGIC and len(data) > 1000
@@ -269,4 +271,4 @@ def test_plot_curves_png(cfg, fast_env, n_records):
 def test_plot_curves_metrics_only(cfg, fast_env):
     run = RunDir.create(cfg)
     run.log_metrics(1, {"reward_mean": 0.5, "loss": float("nan")})
-    assert run.plot_curves().read_bytes()[:8] == PNG_MAGIC
+    assert plot_learning_curves(run).read_bytes()[:8] == PNG_MAGIC

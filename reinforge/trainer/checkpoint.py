@@ -1,7 +1,8 @@
 """Checkpoints: trainable weights, optimiser and scheduler, RNG states and data position.
 
 A checkpoint is a folder written under a temporary name and renamed into place, so a crash or
-Ctrl-C mid-write leaves the previous checkpoint as the latest complete one.
+Ctrl-C mid-write leaves the previous checkpoint as the latest complete one. Which checkpoints a
+run holds is answered in one place, :mod:`reinforge.tracking.checkpoints`.
 """
 
 from __future__ import annotations
@@ -17,24 +18,16 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-PREFIX = "step_"
+from ..tracking.checkpoints import CHECKPOINTS_DIR, COMPLETE_MARKER, checkpoint_name, list_checkpoints
 
 
 def checkpoint_root(run_path: Path) -> Path:
-    return Path(run_path) / "checkpoints"
-
-
-def list_checkpoints(run_path: Path) -> list[Path]:
-    root = checkpoint_root(run_path)
-    if not root.is_dir():
-        return []
-    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()]
-    return sorted(done, key=lambda p: int(p.name[len(PREFIX):]))
+    return Path(run_path) / CHECKPOINTS_DIR
 
 
 def latest_checkpoint(run_path: Path) -> Path | None:
     ckpts = list_checkpoints(run_path)
-    return ckpts[-1] if ckpts else None
+    return ckpts[-1][1] if ckpts else None
 
 
 def rng_state() -> dict[str, Any]:
@@ -58,29 +51,29 @@ def save_checkpoint(
 ) -> Path:
     root = checkpoint_root(run_path)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{step:06d}"
-    tmp = root / f".tmp-{PREFIX}{step:06d}"
+    final = root / checkpoint_name(step)
+    tmp = root / f".tmp-{checkpoint_name(step)}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "weights.safetensors"))
     torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
-    # state.json last: its presence marks the folder complete.
-    (tmp / "state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
+    # state.json last: its presence marks the folder complete (tracking.checkpoints lists it).
+    (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in list_checkpoints(run_path)[:-keep]:
+    for _, old in list_checkpoints(run_path)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     path = Path(path)
-    state = json.loads((path / "state.json").read_text())
+    state = json.loads((path / COMPLETE_MARKER).read_text())
     return {
         "state": state,
         "weights": load_file(str(path / "weights.safetensors")),
