@@ -138,16 +138,16 @@ def resume_config(saved: dict[str, Any], overrides: list[str] | None) -> RunConf
 
 
 def plan_resume(run_dir: RunDir, config: RunConfig, *, new_segment: bool = False,
-                out: TextIO | None = sys.stderr) -> ResumePlan:
+                out: TextIO | None = None) -> ResumePlan:
     """Check ``config`` against the run's saved config under the resume policy, before anything
-    loads; print the changes to ``out``. Raises ResumeRefused naming every refused key."""
+    loads; print the changes to ``out`` (default: stderr). Raises ResumeRefused naming every
+    refused key."""
     saved = run_dir.load_config()
     ckpts = list_checkpoints(run_dir.path)
     step = ckpts[-1][0] if ckpts else 0
     changes = [Change(k, a, b, change_kind(k, a, b)) for k, a, b in config_changes(saved, config.to_dict())]
     plan = ResumePlan(run_dir.path, step, changes, new_segment)
-    if out is not None:
-        print(plan.describe(), file=out)
+    print(plan.describe(), file=out if out is not None else sys.stderr)
     if step == 0:
         fixed = [c for c in changes if _under(c.key, _DIRECTORY_KEYS)]
         segment = []
