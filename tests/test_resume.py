@@ -134,6 +134,15 @@ def test_a_change_of_what_a_step_computes_needs_new_segment(base, capsys):
     assert _snapshot(run) == before  # refused before anything loaded or was written
 
 
+def test_a_hand_edit_of_config_yaml_is_a_change_like_any_other(base, capsys):
+    run = _copy(base, "edited")
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    raw["learner"]["lr"] = 0.01
+    (run / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "learner.lr: 0.05 -> 0.01: changes what a step computes" in capsys.readouterr().err
+
+
 def test_fixed_keys_are_refused_even_with_new_segment(base, capsys):
     run = _copy(base, "fixed")
     before = _snapshot(run)
@@ -292,7 +301,7 @@ def test_a_second_writer_is_refused_and_the_run_stays_exact(base, capsys):
     for step in (1, 2, 3, 4):
         for key in COMPARED:
             assert got[step][key] == straight[step][key], (step, key)
-    assert not (run / "segments.json").exists() and rd.load_config()["trainer"]["steps"] == 4
+    assert len(read_segments(rd)) == 1 and rd.load_config()["trainer"]["steps"] == 4
 
 
 def test_a_killed_writer_frees_the_lock_at_once(base):

@@ -381,9 +381,10 @@ def test_segment_history_keeps_what_survived(cfg, fast_env):
     a = cfg.to_dict()
     b = build_config(a, ["learner.lr=0.001", "trainer.steps=60"]).to_dict()
     c = build_config(a, ["learner.lr=0.002"]).to_dict()
-    assert len(read_segments(run)) == 1 and not (run.path / SEGMENTS_FILE).exists()
+    assert [(s.from_step, s.config) for s in read_segments(run)] == [(1, a)]  # recorded at creation
+    stamp = (run.path / SEGMENTS_FILE).stat().st_mtime_ns
     record_resume(run, 10, a, kind)  # nothing changed: nothing written
-    assert not (run.path / SEGMENTS_FILE).exists()
+    assert (run.path / SEGMENTS_FILE).stat().st_mtime_ns == stamp
 
     history = record_resume(run, 10, b, kind)
     assert [s.from_step for s in history] == [1, 11] and run.load_config() == b

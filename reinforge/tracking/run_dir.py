@@ -4,7 +4,7 @@ Layout (every file written atomically or appended line by line, see :mod:`reinfo
 
     <output_dir>/<run name>/
         config.yaml          the config in force, whole (RunConfig.to_yaml())
-        segments.json        the config history when a resume changed it (tracking/segments.py)
+        segments.json        the config history: each config and the step it took effect (tracking/segments.py)
         writer.lock          the writer's OS lock, and its pid and host (tracking/lock.py)
         environment.json     python, platform, cpus, torch threads, every package version, git commit
         git_diff.patch       uncommitted changes to tracked files, when the repo was dirty
@@ -186,6 +186,10 @@ class RunDir:
         run = cls(path)
         run.acquire_writer()  # an explicit, empty directory may be raced for: one creator wins
         atomic_write_text(path / CONFIG_FILE, config.to_yaml())
+        if kind == "train":
+            from reinforge.tracking.segments import start_history
+
+            start_history(run, config.to_dict())
         env, diff = collect_environment()
         env["seeds"] = {"trainer": config.trainer.seed, "task": config.task.seed}
         if diff:

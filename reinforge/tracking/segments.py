@@ -14,8 +14,10 @@ from, the whole config, and the change from the segment before, each key's chang
 ``kind`` is ``"free"`` for a change that does not alter what a step computes (more steps, eval or
 checkpoint cadence, exporters, progress) and ``"segment"`` for one that does (accepted only with
 ``--new-segment``). Which key is which is the trainer's resume policy
-(reinforge/trainer/resume.py); this module only keeps the record. A run that was never resumed
-with a change has no ``segments.json``: its one segment is ``config.yaml``.
+(reinforge/trainer/resume.py); this module only keeps the record. A training run is created with
+its first segment recorded, so a later hand edit of ``config.yaml`` shows as a change on the next
+resume; a run made before segments existed has no ``segments.json``, and its one segment is
+``config.yaml``.
 
 History is what survived: a resume from the checkpoint of step S drops the segments that began
 after S (their steps were dropped from the logs too), so the record never names a config under
@@ -38,8 +40,8 @@ import yaml
 from reinforge.tracking.io import atomic_write_json, atomic_write_text
 from reinforge.tracking.run_dir import CONFIG_FILE, RunDir
 
-__all__ = ["SEGMENTS_FILE", "Change", "Segment", "config_changes", "read_segments", "record_resume",
-           "segment_label", "format_changes"]
+__all__ = ["SEGMENTS_FILE", "Change", "Segment", "config_changes", "read_segments", "start_history",
+           "record_resume", "segment_label", "format_changes"]
 
 SEGMENTS_FILE = "segments.json"
 CHANGE_KINDS = ("free", "segment")
@@ -128,6 +130,11 @@ def read_segments(run: RunDir) -> list[Segment]:
     if not segments:
         raise ValueError(f"{run.path / SEGMENTS_FILE} lists no segment")
     return segments
+
+
+def start_history(run: RunDir, config: dict[str, Any]) -> None:
+    """Record a new run's first segment (``RunDir.create`` calls it after writing config.yaml)."""
+    atomic_write_json(run.path / SEGMENTS_FILE, {"segments": [Segment(from_step=1, config=config).to_dict()]})
 
 
 def _write(run: RunDir, segments: list[Segment]) -> None:

@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from ..config import ConfigError, RunConfig, deep_merge, parse_override, recipe_preset, set_dotted, validate_config
 from ..tracking import RunDir
 from ..tracking.checkpoints import list_checkpoints
-from ..tracking.segments import Change, Segment, config_changes, record_resume
+from ..tracking.segments import Change, Segment, config_changes, read_segments, record_resume
 
 __all__ = ["FREE_KEYS", "FIXED_KEYS", "ResumeRefused", "ResumePlan", "change_kind", "resume_config", "plan_resume",
            "record_segment", "apply_optimizer_settings", "EVAL_KEYS"]
@@ -139,10 +139,11 @@ def resume_config(saved: dict[str, Any], overrides: list[str] | None) -> RunConf
 
 def plan_resume(run_dir: RunDir, config: RunConfig, *, new_segment: bool = False,
                 out: TextIO | None = None) -> ResumePlan:
-    """Check ``config`` against the run's saved config under the resume policy, before anything
+    """Check ``config`` against the run's recorded config under the resume policy, before anything
     loads; print the changes to ``out`` (default: stderr). Raises ResumeRefused naming every
     refused key."""
-    saved = run_dir.load_config()
+    # Against the recorded history, not config.yaml alone: a hand edit of config.yaml is a change.
+    saved = read_segments(run_dir)[-1].config
     ckpts = list_checkpoints(run_dir.path)
     step = ckpts[-1][0] if ckpts else 0
     changes = [Change(k, a, b, change_kind(k, a, b)) for k, a, b in config_changes(saved, config.to_dict())]
@@ -158,8 +159,8 @@ def plan_resume(run_dir: RunDir, config: RunConfig, *, new_segment: bool = False
         lines = [f"cannot resume {run_dir.path} with these changes:"]
         lines += [f"  {c.describe()}: {_fixed_reason(c)}" for c in fixed]
         if fixed:
-            lines.append("  (these cannot change within a run: start a new run, e.g. with "
-                         f"`reinforge train {run_dir.path}/config.yaml key=value`)")
+            lines.append("  (these cannot change within a run: start a new run from its config, e.g. "
+                         f"`reinforge train {run_dir.path}/config.yaml key=value tracking.run_name=NEW_NAME`)")
         lines += [f"  {c.describe()}: changes what a step computes" for c in segment]
         if segment:
             lines.append(f"  (pass --new-segment to continue from step {step} under the new values; the change "
@@ -170,7 +171,7 @@ def plan_resume(run_dir: RunDir, config: RunConfig, *, new_segment: bool = False
 
 
 def _record_kind(key: str) -> str:
-    # Only accepted changes are recorded; "fixed" ones are recorded as what they did: segments.
+    # A fixed key changes only on a restart from step 0, which records no change at all.
     return "free" if change_kind(key) == "free" else "segment"
 
 
@@ -180,7 +181,7 @@ def record_segment(run_dir: RunDir, config: RunConfig, step: int) -> list[Segmen
     before the first new record is logged. With no checkpoint (``step`` 0) and a change to what
     the evaluation measures, the step-0 evaluation goes too."""
     if step == 0:
-        before = run_dir.load_config()
+        before = read_segments(run_dir)[-1].config
         if any(_under(k, EVAL_KEYS) for k, _, _ in config_changes(before, config.to_dict())):
             run_dir.truncate_after(-1)
     return record_resume(run_dir, step, config.to_dict(), _record_kind)
