@@ -289,7 +289,11 @@ def test_a_second_writer_is_refused_and_the_run_stays_exact(base, capsys):
         # and one in this process, through the library
         with pytest.raises(RunLockedError, match=held):
             RunDir.open(run).acquire_writer()
-        assert proc.poll() is None
+        # readers neither wait for the lock nor take it: compare and eval of the latest checkpoint
+        (scores,), _ = collect_runs([run], include_unfinished=True)
+        assert scores.state == "running" and scores.steps == [0]
+        assert main(["eval", str(run), "--checkpoint", "latest", "--samples", "2", "--resamples", "100"]) == 0
+        assert RunDir.open(run).writer()["pid"] == proc.pid and proc.poll() is None
     finally:
         gate.unlink()
     out, _ = proc.communicate(timeout=240)
