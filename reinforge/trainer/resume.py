@@ -187,13 +187,15 @@ def record_segment(run_dir: RunDir, config: RunConfig, step: int) -> list[Segmen
     return record_resume(run_dir, step, config.to_dict(), _record_kind)
 
 
-def apply_optimizer_settings(learner, critic, config: RunConfig) -> None:
+def apply_optimizer_settings(learner, config: RunConfig, *, critic=None) -> None:
     """Set the config's learning rates, betas and weight decay on the optimisers after their state
     was restored from a checkpoint (which brings back the values it was saved with). The
     scheduler's base rate follows, so warm-up continues from its position at the new rate. With
-    the saved values unchanged this sets what was restored, bit for bit."""
+    the saved values unchanged this sets what was restored, bit for bit. The critic is ``critic``,
+    or the learner's own ``critic`` when it holds one."""
     lc = config.learner
     _set_optimizer(learner.optimizer, getattr(learner, "scheduler", None), lc.lr, tuple(lc.betas), lc.weight_decay)
+    critic = critic if critic is not None else getattr(learner, "critic", None)
     if critic is not None:
         _set_optimizer(critic.optimizer, None, config.critic.lr, tuple(lc.betas), lc.weight_decay)
 

@@ -174,7 +174,7 @@ class Trainer:
         if self.critic is not None:
             self.critic.load_checkpoint_state(data["optimizer"]["critic"])
         # The optimiser state brings back the saved rates: an accepted new lr must win over it.
-        apply_optimizer_settings(self.learner, self.critic, self.cfg)
+        apply_optimizer_settings(self.learner, self.cfg, critic=self.critic)
         set_rng_state(data["rng"])
         st = data["state"]
         self.sampler.load(st["sampler"])
