@@ -104,7 +104,7 @@ class ResumeRefused(ConfigError):
 
 @dataclass
 class ResumePlan:
-    """A resume's checked changes: config.yaml -> the config the run continues under."""
+    """A resume's checked changes: the recorded config -> the config the run continues under."""
 
     run_path: Path
     checkpoint_step: int            # the step the run continues from (0: no checkpoint, starts over)
