@@ -7,18 +7,27 @@ import logging
 import sys
 from pathlib import Path
 
-from .config import ConfigError, build_config, load_config
+from .config import ConfigError, build_config, load_config, set_dotted
+from .tracking.lock import RunLockedError
 
 
 def _train(args: argparse.Namespace) -> int:
     from .trainer import Trainer
+    from .trainer.resume import resume_config
     from .tracking import RunDir
 
     if args.resume:
+        if args.config:
+            raise ConfigError(f"--resume continues {args.resume} under its saved config; give changes as key=value "
+                              f"(got the config file {args.config!r})")
         rd = RunDir.open(args.resume)
-        cfg = build_config(rd.load_config(), args.overrides)
-        trainer = Trainer(cfg, run_dir=rd, resume=True)
+        # The trainer takes the run's writer lock, then checks these changes against the resume
+        # policy and prints them, before anything loads (reinforge/trainer/resume.py).
+        cfg = resume_config(rd.load_config(), args.overrides)
+        trainer = Trainer(cfg, run_dir=rd, resume=True, new_segment=args.new_segment)
     else:
+        if args.new_segment:
+            raise ConfigError("--new-segment applies to --resume RUN_DIR (a run continued under a changed config)")
         cfg = load_config(args.config, args.overrides)
         trainer = Trainer(cfg)
     result = trainer.run()
@@ -73,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("config", nargs="?", help="YAML config (omit for the defaults)")
     tr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.steps=20")
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    tr.add_argument("--new-segment", action="store_true",
+                    help="with --resume: accept overrides that change what a step computes (lr, task, "
+                    "algorithm, ...); the run continues in a new, recorded segment")
     rc = sub.add_parser("recipes", help="list recipes with their papers; `recipes show NAME` prints one preset")
     rc.add_argument("name", nargs="*", metavar="show NAME")
     _add_experiment_commands(sub)
@@ -98,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"reinforge: {err}", file=sys.stderr)
         return 2
+    except RunLockedError as err:  # one line: who holds the run
+        print(f"reinforge: {err}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"reinforge: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
@@ -106,17 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- experiments
 # eval / sweep / compare / runs / reproduce: thin wrappers over reinforge.evaluation and
 # reinforge.tracking (docs/experiments.md).
-
-
-def _set_dotted(tree: dict, dotted: str, value) -> None:
-    node = tree
-    parts = dotted.split(".")
-    for k in parts[:-1]:
-        nxt = node.setdefault(k, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"{dotted!r}: {k!r} is not a config section")
-        node = nxt
-    node[parts[-1]] = value
 
 
 def _split_items(items: list[str]) -> tuple[list[str], list[str]]:
@@ -132,13 +136,13 @@ def _eval_raw_config(raw: dict, args: argparse.Namespace, *, model_path: str | N
     raw = copy.deepcopy(raw)
     if args.task:
         if Path(args.task).exists():
-            _set_dotted(raw, "task.source", "file")
-            _set_dotted(raw, "task.path", str(args.task))
+            set_dotted(raw, "task.source", "file")
+            set_dotted(raw, "task.path", str(args.task))
         else:
-            _set_dotted(raw, "task.source", "reasoning_gym")
-            _set_dotted(raw, "task.name", args.task)
+            set_dotted(raw, "task.source", "reasoning_gym")
+            set_dotted(raw, "task.name", args.task)
     if model_path is not None:
-        _set_dotted(raw, "model.path", model_path)
+        set_dotted(raw, "model.path", model_path)
     return raw
 
 
@@ -223,6 +227,7 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
     from .evaluation.report import passk_csv, passk_markdown, plot_passk
     from .evaluation.runner import build_eval_setup, load_policy, sampled_eval
     from .tracking import atomic_write_bytes, atomic_write_text
+    from .tracking.sampled_evals import read_sampled_eval, sampled_eval_dir, sampled_eval_labels, write_sampled_eval
 
     setup = build_eval_setup(cfg, max_prompts=params["max_prompts"])
     label = _eval_label(source, params)
@@ -231,12 +236,12 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
                 "reward": cfg.reward.model_dump(mode="json"), "prompts": [e.id for e in setup.examples],
                 "resamples": args.resamples}
     fingerprint = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
-    if label in rd.sampled_eval_labels() and not args.force:
-        summary, rows = rd.read_sampled_eval(label)
+    if label in sampled_eval_labels(rd) and not args.force:
+        summary, rows = read_sampled_eval(rd, label)
         if summary.get("fingerprint") == fingerprint:
-            print(f"reusing {rd.sampled_eval_dir(label)} (same model, prompts and sampling; --force redoes it)",
+            print(f"reusing {sampled_eval_dir(rd, label)} (same model, prompts and sampling; --force redoes it)",
                   file=sys.stderr)
-            return summary, rows, rd.sampled_eval_dir(label)
+            return summary, rows, sampled_eval_dir(rd, label)
     print(f"evaluating {source.describe()}: {len(setup.examples)} prompts x {params['samples']} samples",
           file=sys.stderr)
     model, tokenizer = load_policy(policy_cfg or cfg, source)
@@ -251,7 +256,7 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
     summary = {"label": label, "model": source.to_dict(), **params, **summary,
                "task": cfg.task.model_dump(mode="json"), "reward": cfg.reward.model_dump(mode="json"),
                "fingerprint": fingerprint}
-    folder = rd.write_sampled_eval(label, summary, rows)
+    folder = write_sampled_eval(rd, label, summary, rows)
     title = f"{source.describe()}: pass@k and maj@k"
     atomic_write_bytes(folder / "passk.png", plot_passk(summary, title=f"{source.label}, {label}"))
     atomic_write_text(folder / "passk.csv", passk_csv(summary))
@@ -296,6 +301,7 @@ def _eval_boundary(args: argparse.Namespace, overrides: list[str]) -> int:
     from .evaluation.boundary import boundary_analysis, boundary_csv, boundary_markdown, plot_boundary
     from .evaluation.runner import ModelSource
     from .tracking import RunDir, atomic_write_bytes, atomic_write_json, atomic_write_text
+    from .tracking.sampled_evals import boundary_dir
 
     base_target, run_target = args.boundary
     if not (Path(run_target) / "config.yaml").is_file():
@@ -318,7 +324,7 @@ def _eval_boundary(args: argparse.Namespace, overrides: list[str]) -> int:
     tr_summary, tr_rows, tr_dir = _run_sampled_eval(cfg, trained, rd, params, args)
     result = boundary_analysis(base_rows, tr_rows, n_resamples=args.resamples, seed=params["seed"])
     label = f"{base.label}_vs_{trained.label}_n{params['samples']}"
-    out = rd.boundary_dir(label)
+    out = boundary_dir(rd, label)
     base_name, trained_name = base.describe(), trained.describe()
     atomic_write_bytes(out / "boundary.png", plot_boundary(result, base_name=base.label, trained_name=trained.label))
     atomic_write_text(out / "boundary.csv", boundary_csv(result))
@@ -334,7 +340,7 @@ def _eval_boundary(args: argparse.Namespace, overrides: list[str]) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from .tracking import RunDir
-    from .tracking.index import effective_state
+    from .tracking.index import run_state
     from .tracking.sweep import load_sweep, plan_sweep, run_sweep
 
     targets, overrides = _split_items(args.items)
@@ -346,7 +352,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.plan:
         for r in runs:
             path = spec.output_dir / r.name
-            state = effective_state(RunDir.open(path).status()) if (path / "config.yaml").is_file() else "not started"
+            state = run_state(RunDir.open(path)) if (path / "config.yaml").is_file() else "not started"
             print(f"{path}  {state}")
         return 0
 
@@ -407,6 +413,7 @@ def _runs(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from .tracking import RunDir, atomic_write_json, atomic_write_text
     from .tracking.reproduce import compare_run_dirs, format_repro_report
+    from .tracking.segments import read_segments
     from .trainer import Trainer
 
     targets, overrides = _split_items(args.items)
@@ -415,20 +422,31 @@ def _reproduce(args: argparse.Namespace) -> int:
     original = RunDir.open(targets[0])
     if original.kind != "train":
         raise ConfigError(f"{targets[0]!r} is an eval directory; reproduce re-runs training runs")
-    # Exporters off and no sweep tag: a reproduction is a check, not another seed of the experiment.
-    cfg = build_config(original.load_config(), overrides + ["tracking.exporters=[]", "tracking.sweep=null"])
     out_dir = Path(args.output_dir) if args.output_dir else original.path.parent / "reproductions"
     name = args.name
     if name is None:
         name, i = f"{original.name}-repro", 2
         while (out_dir / name).exists():
             name, i = f"{original.name}-repro{i}", i + 1
-    cfg.tracking.output_dir = str(out_dir)
-    cfg.tracking.run_name = name
-    print(f"reproducing {original.path} as {out_dir / name}", file=sys.stderr)
-    repro = RunDir.create(cfg)
+    # A run resumed under a changed config is replayed segment by segment: each segment's config
+    # from its first step to the checkpoint the next one resumed from (segments.json).
+    segments = read_segments(original)
+    # Exporters off and no sweep tag: a reproduction is a check, not another seed of the experiment.
+    pinned = ["tracking.exporters=[]", "tracking.sweep=null", f"tracking.output_dir={out_dir}",
+              f"tracking.run_name={name}"]
+    configs = [build_config(seg.config, overrides + pinned) for seg in segments]
+    print(f"reproducing {original.path} as {out_dir / name}"
+          + (f", replaying {len(segments)} config segments" if len(segments) > 1 else ""), file=sys.stderr)
+    repro = RunDir.create(configs[0])
     repro.set_status("running", reproduces=str(original.path))  # compare leaves reproductions out
-    Trainer(cfg, run_dir=repro).run()
+    for i, cfg in enumerate(configs):
+        trainer = Trainer(cfg, run_dir=repro, resume=i > 0, new_segment=True)
+        stop = segments[i + 1].from_step - 1 if i + 1 < len(segments) else None
+        trainer.stop_after_step = stop
+        result = trainer.run()
+        if stop is not None and result.steps_done != stop:
+            raise RuntimeError(f"replaying segment {i + 1} of {original.path} ended at step {result.steps_done}, "
+                               f"not at step {stop} where the next segment resumed")
     report = compare_run_dirs(original, repro)
     md = format_repro_report(report, original, repro)
     atomic_write_text(repro.path / "reproduction.md", md)
@@ -437,7 +455,9 @@ def _reproduce(args: argparse.Namespace) -> int:
         "first_mismatch_step": report.first_mismatch_step, "ignored_keys": report.ignored_keys,
         "mismatches": [m.__dict__ for m in report.mismatches], "missing_steps": report.missing_steps,
         "extra_steps": report.extra_steps, "environment": report.environment,
+        "segments_replayed": [s.from_step for s in segments], "segment_differences": report.segments,
     })
+    repro.release_writer()
     print(md)
     return 0 if report.matched else 1
 

@@ -453,6 +453,39 @@ class TrainerConfig(_Section):
     num_threads: int | None = Field(None, description="torch CPU threads (None: torch's default).")
 
 
+# Exporter name -> (module it imports, pip extra that installs it). The config validates
+# tracking.exporters against it; reinforge.tracking.exporters builds the exporters from it.
+EXPORTERS: dict[str, tuple[str, str]] = {
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "trackio": ("trackio", "trackio"),
+}
+
+
+def missing_exporter_message(name: str) -> str:
+    module, extra = EXPORTERS[name]
+    return (
+        f"tracking.exporters includes {name!r} but the package {module!r} is not installed. "
+        f"Install it with `pip install 'reinforge[{extra}]'`, or remove {name!r} from "
+        "tracking.exporters (e.g. tracking.exporters=[])."
+    )
+
+
+def missing_exporter(names: list[str]) -> str | None:
+    """The error message for the first exporter in ``names`` that is unknown or whose package
+    cannot be imported, or None. ``importlib.util.find_spec`` does not import the package, so
+    this is cheap enough for config validation."""
+    import importlib.util
+
+    for name in names:
+        if name not in EXPORTERS:
+            return f"unknown exporter {name!r}; accepted: {', '.join(EXPORTERS)}"
+        if importlib.util.find_spec(EXPORTERS[name][0]) is None:
+            return missing_exporter_message(name)
+    return None
+
+
 class WandbOptions(_Section):
     """Weights & Biases exporter (`pip install 'reinforge[wandb]'`)."""
 
@@ -498,7 +531,7 @@ class TrackingConfig(_Section):
     output_dir: str = Field("runs", description="Folder under which run directories are created.")
     run_name: str | None = Field(None, description="Run directory name (None: time + recipe + task).")
     progress: bool = Field(True, description="Show a live progress bar.")
-    exporters: list[Literal["wandb", "mlflow", "tensorboard", "trackio"]] = Field(
+    exporters: list[Literal[tuple(EXPORTERS)]] = Field(
         default_factory=list,
         description="Also send every metric (same names and steps) to these trackers; the run "
         "directory stays the record. Each needs its extra: `pip install 'reinforge[wandb]'`, "
@@ -516,15 +549,12 @@ class TrackingConfig(_Section):
     @classmethod
     def _exporters_installed(cls, v: list[str]) -> list[str]:
         # Checked here so a missing package fails before any model loads.
-        from reinforge.tracking.exporters import MissingExporterError, check_exporters_available
-
         dupes = sorted({n for n in v if v.count(n) > 1})
         if dupes:
             raise ValueError(f"exporter(s) listed more than once: {', '.join(dupes)}")
-        try:
-            check_exporters_available(list(v))
-        except MissingExporterError as err:
-            raise ValueError(str(err)) from None
+        missing = missing_exporter(list(v))
+        if missing is not None:
+            raise ValueError(missing)
         return v
 
 
@@ -590,7 +620,7 @@ class RunConfig(_Section):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
     """`key=value` values are YAML scalars/lists/maps: 3, 0.1, true, null, [a, b], {k: v}."""
     try:
         return yaml.safe_load(text)
@@ -598,25 +628,53 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _deep_merge(base: dict, update: dict) -> dict:
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"trainer.steps=20"`` -> ``("trainer.steps", 20)``; the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value (e.g. trainer.steps=20)")
+    key, value = item.split("=", 1)
+    return key.strip(), parse_value(value)
+
+
+def deep_merge(base: dict, update: dict) -> dict:
     out = copy.deepcopy(base)
     for k, v in update.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
+            out[k] = deep_merge(out[k], v)
         else:
             out[k] = copy.deepcopy(v)
     return out
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    """Set ``tree["a"]["b"]["c"] = value`` for ``dotted="a.b.c"``, creating missing sections; the
+    one place every command-line, sweep and eval override goes through. The value is copied, so
+    the tree never shares a list or mapping with the caller."""
     keys = dotted.split(".")
+    if not all(keys):
+        raise ConfigError(f"override key {dotted!r} has an empty part; write section.key, e.g. trainer.steps")
     node = tree
     for k in keys[:-1]:
         nxt = node.setdefault(k, {})
         if not isinstance(nxt, dict):
-            raise ConfigError(f"override {dotted!r}: {k!r} is not a section")
+            raise ConfigError(f"override {dotted!r}: {k!r} is not a config section")
         node = nxt
-    node[keys[-1]] = value
+    node[keys[-1]] = copy.deepcopy(value)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """A copy of ``raw`` with every ``key=value`` of ``overrides`` set (no recipe, no validation)."""
+    raw = copy.deepcopy(raw)
+    for item in overrides or []:
+        set_dotted(raw, *parse_override(item))
+    return raw
+
+
+def recipe_preset(name: str) -> dict[str, Any]:
+    """The preset of recipe ``name`` (a copy); ConfigError names the recipes that exist."""
+    if name not in RECIPES:
+        raise ConfigError(f"recipe: unknown recipe {name!r}; accepted: {', '.join(sorted(RECIPES))}")
+    return copy.deepcopy(RECIPES[name].preset)
 
 
 def _format_validation_error(err: ValidationError) -> str:
@@ -653,18 +711,16 @@ def _section_for(loc: str) -> type[BaseModel] | None:
 
 def build_config(raw: dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Recipe preset <- YAML dict <- ``key=value`` overrides, then validated."""
-    raw = copy.deepcopy(raw or {})
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. trainer.steps=20)")
-        key, value = item.split("=", 1)
-        _set_dotted(raw, key.strip(), _parse_value(value))
-    recipe = raw.get("recipe", "grpo")
-    if recipe not in RECIPES:
-        raise ConfigError(f"recipe: unknown recipe {recipe!r}; accepted: {', '.join(sorted(RECIPES))}")
-    merged = _deep_merge(RECIPES[recipe].preset, raw)
+    raw = apply_overrides(raw or {}, overrides)
+    merged = deep_merge(recipe_preset(raw.get("recipe", "grpo")), raw)
+    return validate_config(merged)
+
+
+def validate_config(raw: dict[str, Any]) -> RunConfig:
+    """A whole config dict (no recipe preset merged under it) as a RunConfig; ConfigError lists
+    every problem with the accepted keys or values."""
     try:
-        return RunConfig.model_validate(merged)
+        return RunConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err)) from None
 

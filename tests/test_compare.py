@@ -3,10 +3,13 @@ three seeds, two steps each."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import shutil
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from reinforge.tracking import run_dir as run_dir_mod
 from reinforge.tracking.index import run_info
 from reinforge.tracking.sweep import SweepError, load_sweep, plan_sweep, run_sweep
 
+ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LRS = [0.003, 0.05]
 SEEDS = [0, 1, 2]
@@ -68,6 +72,29 @@ def _final_scores(run: Path) -> tuple[float, float]:
     final = max(evals, key=lambda e: e["step"])["accuracy"]
     best = max(e["accuracy"] for e in evals if e["step"] > 0)
     return final, best
+
+
+def _set_status(run: Path, state: str, **extra) -> None:
+    """What a writer that ended in ``state`` leaves (written, as every writer does, under the lock)."""
+    rd = RunDir.open(run)
+    rd.acquire_writer()
+    rd.set_status(state, **extra)
+    rd.release_writer()
+
+
+@contextlib.contextmanager
+def _lock_holder_process(run: Path):
+    """A separate process that holds ``run``'s writer lock until the block ends; yields its pid."""
+    code = ("import sys, time; from reinforge.tracking.lock import acquire; acquire(sys.argv[1]); "
+            "print('held', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _killed(run: Path) -> None:
@@ -126,7 +153,7 @@ def test_sweep_resumes_interrupted_and_stale_runs_and_refuses_a_changed_plan(swe
             cfg = yaml.safe_load((d / "config.yaml").read_text())
             cfg["tracking"]["output_dir"] = str(copy)
             (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    RunDir.open(copy / "lr=0.05-seed1").set_status("interrupted", step=1)
+    _set_status(copy / "lr=0.05-seed1", "interrupted", step=1)
     _killed(copy / "lr=0.003-seed2")
     spec = load_sweep(sweep_file, output_dir=copy)
     calls = []
@@ -140,12 +167,11 @@ def test_sweep_resumes_interrupted_and_stale_runs_and_refuses_a_changed_plan(swe
                                     ("lr=0.003-seed2", copy / "lr=0.003-seed2")])
     assert sorted(outcome.finished) == ["lr=0.003-seed2", "lr=0.05-seed1"] and len(outcome.skipped) == 4
 
-    # another live process is training a run of this sweep: refuse rather than train it twice
-    status = json.loads((copy / "lr=0.05-seed2" / "status.json").read_text())
-    (copy / "lr=0.05-seed2" / "status.json").write_text(json.dumps({**status, "state": "running", "pid": os.getppid()}))
-    with pytest.raises(SweepError, match="being trained by process"):
-        run_sweep(spec, fake_train, echo=lambda m: None)
-    (copy / "lr=0.05-seed2" / "status.json").write_text(json.dumps(status))
+    # another live process is training a run of this sweep (it holds the run's writer lock):
+    # refuse rather than train it twice, naming that process
+    with _lock_holder_process(copy / "lr=0.05-seed2") as pid:
+        with pytest.raises(SweepError, match=f"being trained by pid {pid} on host"):
+            run_sweep(spec, fake_train, echo=lambda m: None)
 
     spec.overrides["trainer.steps"] = 5  # the sweep file was edited after the runs were made
     with pytest.raises(SweepError, match="trainer.steps"):
@@ -268,7 +294,7 @@ def test_compare_leaves_out_unfinished_runs_unless_asked(sweep, tmp_path):
     _, out = sweep
     copy = tmp_path / "copy"
     shutil.copytree(out, copy, ignore=shutil.ignore_patterns("final_model", "checkpoints"))
-    RunDir.open(copy / "lr=0.05-seed0").set_status("interrupted", step=1)
+    _set_status(copy / "lr=0.05-seed0", "interrupted", step=1)
     res = compare_runs([copy], tmp_path / "r1", n_resamples=200)
     assert [len(v) for v in res.groups.values()] == [3, 2]
     assert any("lr=0.05-seed0" in p and "interrupted" in why for p, why in res.skipped)

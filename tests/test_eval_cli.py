@@ -18,6 +18,7 @@ from reinforge.evaluation.runner import ModelSource, build_eval_setup, greedy_he
 from reinforge.rollout import HFGenerator
 from reinforge.tasks import encode_prompt
 from reinforge.tracking import RunDir
+from reinforge.tracking.sampled_evals import read_sampled_eval, sampled_eval_labels
 from reinforge.trainer import Trainer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -79,11 +80,11 @@ def test_final_model_and_last_checkpoint_are_the_same_weights(setup, capsys):
     assert main(["eval", str(run), "--checkpoint", "1", "--samples", "4", *FAST]) == 0
     assert main(["eval", str(run), "--samples", "4", *FAST]) == 0  # cached from the test above, or made now
     rd = RunDir.open(run)
-    final = rd.read_sampled_eval("final_n4_T1_len6_seed3")[1]
-    last = rd.read_sampled_eval("step_000002_n4_T1_len6_seed3")[1]
-    first = rd.read_sampled_eval("step_000001_n4_T1_len6_seed3")[1]
+    final = read_sampled_eval(rd, "final_n4_T1_len6_seed3")[1]
+    last = read_sampled_eval(rd, "step_000002_n4_T1_len6_seed3")[1]
+    first = read_sampled_eval(rd, "step_000001_n4_T1_len6_seed3")[1]
     assert [r["completions"] for r in final] == [r["completions"] for r in last]
-    assert rd.read_sampled_eval("step_000001_n4_T1_len6_seed3")[0]["model"]["step"] == 1
+    assert read_sampled_eval(rd, "step_000001_n4_T1_len6_seed3")[0]["model"]["step"] == 1
     assert len(first) == 6
     capsys.readouterr()
     assert main(["eval", str(run), "--checkpoint", "step_000007"]) == 1
@@ -113,9 +114,9 @@ def test_eval_of_a_bare_model_makes_an_eval_directory(setup, capsys, tmp_path):
     assert "eval-tiny-model-task" in eval_dir.name
     rd = RunDir.open(eval_dir)
     assert rd.status()["state"] == "finished" and rd.kind == "eval"
-    (label,) = rd.sampled_eval_labels()
+    (label,) = sampled_eval_labels(rd)
     assert label == "base-tiny-model_n2_T1_len6_seed3"
-    summary, rows = rd.read_sampled_eval(label)
+    summary, rows = read_sampled_eval(rd, label)
     assert summary["n_prompts"] == 4 and summary["model"]["kind"] == "base"
     capsys.readouterr()
     # the same evaluation again, into the same directory: reused, not recomputed
@@ -133,7 +134,7 @@ def test_boundary_between_base_model_and_run(setup, capsys):
     folder = run / "boundary" / "base-tiny-model_vs_final_n4"
     result = json.loads((folder / "boundary.json").read_text())
     assert result["ks"] == [1, 2, 3, 4] and result["n_prompts"] == 6
-    base = RunDir.open(run).read_sampled_eval("base-tiny-model_n4_T1_len6_seed3")[1]
+    base = read_sampled_eval(RunDir.open(run), "base-tiny-model_n4_T1_len6_seed3")[1]
     expected = sum(_brute_pass(r["correct"], 2) for r in base) / len(base)
     assert result["base"]["value"][1] == pytest.approx(expected)
     assert (folder / "boundary.png").read_bytes()[:8] == PNG_MAGIC

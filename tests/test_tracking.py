@@ -21,7 +21,9 @@ from reinforge.tracking import (
     read_jsonl,
     rewrite_jsonl,
 )
+from reinforge.tracking import environment as environment_mod
 from reinforge.tracking import run_dir as run_dir_mod
+from reinforge.tracking.curves import plot_learning_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -170,7 +172,7 @@ def test_create_records_git_commit_when_in_a_repo(cfg, monkeypatch):
         ("status", "--porcelain", "--untracked-files=no"): " M reinforge/x.py\n",
         ("diff", "HEAD"): "diff --git a/x b/x\n",
     }
-    monkeypatch.setattr(run_dir_mod, "_run_git", lambda args, cwd: answers[tuple(args)])
+    monkeypatch.setattr(environment_mod, "_run_git", lambda args, cwd: answers[tuple(args)])
     run = RunDir.create(cfg)
     git = run.load_environment()["git"]
     assert git["commit"] == "abc123" and git["dirty"] is True
@@ -259,7 +261,7 @@ def test_plot_curves_png(cfg, fast_env, n_records):
              "reward_mean": acc},
             [],
         )
-    out = run.plot_curves()
+    out = plot_learning_curves(run)
     assert out == run.path / "learning_curves.png"
     data = out.read_bytes()
     assert data[:8] == PNG_MAGIC and len(data) > 1000
@@ -269,4 +271,141 @@ def test_plot_curves_png(cfg, fast_env, n_records):
 def test_plot_curves_metrics_only(cfg, fast_env):
     run = RunDir.create(cfg)
     run.log_metrics(1, {"reward_mean": 0.5, "loss": float("nan")})
-    assert run.plot_curves().read_bytes()[:8] == PNG_MAGIC
+    assert plot_learning_curves(run).read_bytes()[:8] == PNG_MAGIC
+
+
+# ----------------------------------------------------------------------------- one writer
+
+
+def _holder_process(run_path):
+    """A separate process holding the run's writer lock until killed."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, time; from reinforge.tracking.lock import acquire; acquire(sys.argv[1]); "
+            "print('held', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_path)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_writer_lock_is_reentrant_in_a_process_and_required_for_writes(cfg, fast_env):
+    from reinforge.tracking.lock import lock_holder
+
+    run = RunDir.create(cfg)  # created with the lock held
+    assert lock_holder(run.path)["pid"] == os.getpid() and run.writer()["pid"] == os.getpid()
+    again = RunDir.open(run.path)
+    again.acquire_writer()  # the same process: counted, not refused
+    run.release_writer()
+    again.log_metrics(1, {"loss": 1.0})  # still held through `again`
+    again.release_writer()
+    again.release_writer()  # a release without an acquisition does nothing
+    assert lock_holder(run.path) is None and run.writer() is None
+    reader = RunDir.open(run.path)
+    for write in (lambda: reader.log_metrics(2, {"loss": 0.5}), lambda: reader.set_status("finished"),
+                  lambda: reader.truncate_after(0), lambda: reader.log_eval(2, {}, [])):
+        with pytest.raises(RuntimeError, match="does not hold the writer lock"):
+            write()
+    assert [m["step"] for m in reader.read_metrics()] == [1]  # reading needs no lock
+
+
+def test_a_lock_held_by_another_process_is_named_and_freed_when_it_dies(cfg, fast_env):
+    import signal
+    import socket
+
+    from reinforge.tracking import RunLockedError
+    from reinforge.tracking import lock as lock_mod
+
+    run = RunDir.create(cfg)
+    run.release_writer()
+    proc = _holder_process(run.path)
+    try:
+        with pytest.raises(RunLockedError) as err:
+            RunDir.open(run.path).acquire_writer()
+        message = str(err.value)
+        assert f"pid {proc.pid} on host {socket.gethostname()}" in message and "\n" not in message
+        assert run.writer()["pid"] == proc.pid
+        with pytest.raises(RunLockedError):  # RunDir.create into the held, explicit name loses too
+            lock_mod.acquire(run.path, retry_s=0)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert run.writer() is None
+    lock_mod.acquire(run.path, retry_s=0)  # at once: the kernel dropped the dead holder's lock
+    lock_mod.release(run.path)
+
+
+def test_an_explicit_run_name_is_created_by_one_process_only(cfg, fast_env):
+    from reinforge.tracking import RunLockedError
+
+    (Path(cfg.tracking.output_dir) / "raced").mkdir(parents=True)  # made empty by a racing creator...
+    proc = _holder_process(Path(cfg.tracking.output_dir) / "raced")  # ...which holds its lock
+    try:
+        with pytest.raises((RunLockedError, FileExistsError)):
+            RunDir.create(cfg, name="raced")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (Path(cfg.tracking.output_dir) / "raced" / "config.yaml").exists()
+
+
+# ----------------------------------------------------------------------------- checkpoints, segments
+
+
+def test_checkpoints_are_listed_in_one_place(cfg, fast_env):
+    from reinforge.trainer.checkpoint import latest_checkpoint
+
+    run = RunDir.create(cfg)
+    root = run.path / "checkpoints"
+    for name, complete in (("step_000002", True), ("step_000010", True), ("step_000011", False),
+                           (".tmp-step_000012", True), ("notes", True)):
+        (root / name).mkdir(parents=True)
+        if complete:
+            (root / name / "state.json").write_text("{}")
+    assert [(s, p.name) for s, p in run.checkpoints()] == [(2, "step_000002"), (10, "step_000010")]
+    assert latest_checkpoint(run.path) == root / "step_000010" == run.checkpoint("latest")[1]
+    assert run.checkpoint("2") == (2, root / "step_000002") == run.checkpoint("step_000002")
+    with pytest.raises(FileNotFoundError, match="step_000002, step_000010"):
+        run.checkpoint(11)
+
+
+def test_segment_history_keeps_what_survived(cfg, fast_env):
+    from reinforge.tracking.segments import SEGMENTS_FILE, read_segments, record_resume
+
+    def kind(key):
+        return "free" if key == "trainer.steps" else "segment"
+
+    run = RunDir.create(cfg)
+    a = cfg.to_dict()
+    b = build_config(a, ["learner.lr=0.001", "trainer.steps=60"]).to_dict()
+    c = build_config(a, ["learner.lr=0.002"]).to_dict()
+    assert [(s.from_step, s.config) for s in read_segments(run)] == [(1, a)]  # recorded at creation
+    stamp = (run.path / SEGMENTS_FILE).stat().st_mtime_ns
+    record_resume(run, 10, a, kind)  # nothing changed: nothing written
+    assert (run.path / SEGMENTS_FILE).stat().st_mtime_ns == stamp
+
+    history = record_resume(run, 10, b, kind)
+    assert [s.from_step for s in history] == [1, 11] and run.load_config() == b
+    assert {(ch.key, ch.kind) for ch in history[1].changes} == {("learner.lr", "segment"), ("trainer.steps", "free")}
+    stamp = (run.path / SEGMENTS_FILE).stat().st_mtime_ns
+    record_resume(run, 20, b, kind)  # the same config goes on: same history, untouched files
+    assert (run.path / SEGMENTS_FILE).stat().st_mtime_ns == stamp
+
+    # resumed from step 10 again (b's steps after it were dropped): b's segment is replaced by c's
+    history = record_resume(run, 10, c, kind)
+    assert [s.from_step for s in history] == [1, 11] and history[1].config == c and run.load_config() == c
+    assert [(ch.key, ch.before, ch.after) for ch in history[1].changes] == [("learner.lr", cfg.learner.lr, 0.002)]
+    # back to the first config from step 10: one segment again
+    assert [s.from_step for s in record_resume(run, 10, a, kind)] == [1]
+    assert run.load_config() == a
+    # a crash between segments.json and config.yaml: the segment it names began after the latest
+    # checkpoint, and the next resume drops it
+    record_resume(run, 10, b, kind)
+    atomic_write_text(run.path / "config.yaml", yaml.safe_dump(a, sort_keys=False))
+    assert [s.from_step for s in record_resume(run, 10, a, kind)] == [1]
+    # no checkpoint survives (a restart from step 0): the new config is the only one
+    record_resume(run, 10, b, kind)
+    history = record_resume(run, 0, c, kind)
+    assert len(history) == 1 and history[0].config == c and history[0].changes == []

@@ -3,7 +3,9 @@
 1. Runs are grouped by the config keys whose values differ between them. Seeds (any key named
    ``seed``), the ``tracking`` section (names, output folders, exporters) and
    ``trainer.num_threads`` never define a group; the ``task`` section defines the *strata*
-   (rliable's tasks) rather than groups, unless ``split_tasks`` is set.
+   (rliable's tasks) rather than groups, unless ``split_tasks`` is set. A run whose config a
+   resume changed (``--new-segment``, segments.json) has a ``segments`` key naming each change and
+   its step (``learner.lr=0.001@11``), so it never shares a group with runs that kept one config.
 2. Each run is scored by its held-out evaluations (``evals.jsonl``, greedy): the **final** score
    (last evaluation) and the **best** score (maximum over evaluations after step 0; an optimistic
    number, since it picks the checkpoint on the same prompts it reports).
@@ -33,9 +35,10 @@ import numpy as np
 
 from reinforge.evaluation.aggregate import iqm, interval_estimate, mean, performance_profile, poi_interval
 from reinforge.evaluation.report import csv_text, fmt_ci, markdown_table, png_bytes
-from reinforge.tracking.index import effective_state, find_runs
+from reinforge.tracking.index import find_runs, run_state
 from reinforge.tracking.io import atomic_write_bytes, atomic_write_text
 from reinforge.tracking.run_dir import RunDir, task_label
+from reinforge.tracking.segments import segment_label
 
 __all__ = ["flatten_config", "RunScores", "collect_runs", "group_runs", "compare_runs", "CompareResult",
            "is_ignored_key"]
@@ -142,7 +145,7 @@ def collect_runs(
         if status.get("reproduces"):
             skipped.append((str(rd.path), f"a reproduction of {status['reproduces']}"))
             continue
-        state = effective_state(status)
+        state = run_state(rd)
         if state != "finished" and not include_unfinished:
             skipped.append((str(rd.path), f"state {state} (pass --include-unfinished to use its last evaluation)"))
             continue
@@ -154,7 +157,11 @@ def collect_runs(
         by_step = {int(e["step"]): float(e[metric]) for e in evals}  # a re-run step keeps its last value
         steps = sorted(by_step)
         cfg = rd.load_config()
-        out.append(RunScores(run=rd, state=state, config=cfg, flat=flatten_config(cfg), steps=steps,
+        flat = flatten_config(cfg)
+        label = segment_label(rd)
+        if label is not None:
+            flat["segments"] = json.dumps(label)
+        out.append(RunScores(run=rd, state=state, config=cfg, flat=flat, steps=steps,
                              scores=[by_step[s] for s in steps]))
     return out, skipped
 

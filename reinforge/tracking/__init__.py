@@ -1,6 +1,6 @@
-"""Tracking: the run directory (everything a run produced and needs to be reproduced), crash-safe
-file writes, the runs index, sweeps, reproduction checks and optional exporters (wandb, MLflow,
-TensorBoard, trackio)."""
+"""Tracking: the run directory (everything a run produced and needs to be reproduced), its writer
+lock and config history (segments), crash-safe file writes, the runs index, sweeps, reproduction
+checks and optional exporters (wandb, MLflow, TensorBoard, trackio)."""
 
 from reinforge.tracking.io import (
     append_jsonl,
@@ -11,11 +11,13 @@ from reinforge.tracking.io import (
     read_jsonl,
     rewrite_jsonl,
 )
+from reinforge.tracking.lock import RunLockedError
 from reinforge.tracking.run_dir import RUN_KINDS, RUN_STATES, NotARunDirectoryError, RunDir
 
 __all__ = [
     "RunDir",
     "NotARunDirectoryError",
+    "RunLockedError",
     "RUN_STATES",
     "RUN_KINDS",
     "append_jsonl",

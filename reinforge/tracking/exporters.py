@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reinforge.config import EXPORTERS, missing_exporter, missing_exporter_message
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -41,13 +43,6 @@ __all__ = [
     "numeric_metrics",
 ]
 
-# exporter name -> (module to import, pip extra that installs it)
-EXPORTERS: dict[str, tuple[str, str]] = {
-    "wandb": ("wandb", "wandb"),
-    "mlflow": ("mlflow", "mlflow"),
-    "tensorboard": ("tensorboard", "tensorboard"),
-    "trackio": ("trackio", "trackio"),
-}
 STATE_FILE = "exporters.json"
 
 
@@ -55,25 +50,15 @@ class MissingExporterError(ImportError):
     """An exporter's package is not installed; the message names the pip extra."""
 
 
-def _missing_message(name: str) -> str:
-    module, extra = EXPORTERS[name]
-    return (
-        f"tracking.exporters includes {name!r} but the package {module!r} is not installed. "
-        f"Install it with `pip install 'reinforge[{extra}]'`, or remove {name!r} from "
-        "tracking.exporters (e.g. tracking.exporters=[])."
-    )
-
-
 def check_exporters_available(names: list[str]) -> None:
-    """Raise MissingExporterError for the first exporter whose package cannot be imported.
-
-    Uses ``importlib.util.find_spec`` (no import), so it is cheap enough for config validation.
-    """
+    """Raise MissingExporterError for the first exporter whose package cannot be imported (the
+    same check the config runs on tracking.exporters, see :func:`reinforge.config.missing_exporter`)."""
     for name in names:
         if name not in EXPORTERS:
             raise ValueError(f"unknown exporter {name!r}; accepted: {', '.join(EXPORTERS)}")
-        if importlib.util.find_spec(EXPORTERS[name][0]) is None:
-            raise MissingExporterError(_missing_message(name))
+    problem = missing_exporter(names)
+    if problem is not None:
+        raise MissingExporterError(problem)
 
 
 def _import(name: str):
@@ -81,7 +66,7 @@ def _import(name: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise MissingExporterError(_missing_message(name)) from err
+        raise MissingExporterError(missing_exporter_message(name)) from err
 
 
 def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reinforge.tracking.lock import LOCK_FILE, describe_holder
 from reinforge.tracking.run_dir import CONFIG_FILE, RunDir, task_label
+from reinforge.tracking.sampled_evals import read_sampled_eval, sampled_eval_labels
+from reinforge.tracking.segments import read_segments
 
-__all__ = ["find_runs", "RunInfo", "run_info", "effective_state", "format_runs_table", "pid_alive"]
+__all__ = ["find_runs", "RunInfo", "run_info", "effective_state", "run_state", "format_runs_table", "pid_alive"]
 
 # Never searched: trackers' stores and caches can hold thousands of folders. (Run directories are
 # not searched inside at all.)
@@ -54,15 +57,25 @@ def pid_alive(pid: Any) -> bool:
     return True
 
 
-def effective_state(status: dict[str, Any]) -> str:
-    """The recorded state, except that a "running" run whose process is gone (same host) is
-    "stale": it was killed or crashed without writing its end state. Resume it with
-    ``reinforge train --resume``."""
+def effective_state(status: dict[str, Any], writer: dict[str, Any] | None | bool = False) -> str:
+    """The recorded state, except that a "running" run that no process writes is "stale": it
+    was killed or crashed without writing its end state (resume it with ``reinforge train
+    --resume``). ``writer`` is the run's lock holder (:meth:`RunDir.writer`: None when the lock is
+    free); without it (runs made before the lock existed) a dead pid on this host means stale."""
     state = status.get("state", "unknown")
-    if state == "running" and status.get("hostname") == socket.gethostname() and "pid" in status:
-        if not pid_alive(status["pid"]):
-            return "stale"
+    if state != "running":
+        return state
+    if writer is not False:
+        return "running" if writer else "stale"
+    if status.get("hostname") == socket.gethostname() and "pid" in status and not pid_alive(status["pid"]):
+        return "stale"
     return state
+
+
+def run_state(run: RunDir) -> str:
+    """:func:`effective_state` of a run, from its status and its writer lock."""
+    locked = (run.path / LOCK_FILE).exists()
+    return effective_state(run.status(), run.writer() if locked else False)
 
 
 @dataclass
@@ -79,6 +92,8 @@ class RunInfo:
     final: float | None
     sweep: str | None
     started: str | None
+    writer: dict[str, Any] | None = None   # the process holding the writer lock
+    segments: int = 1                      # configs the run trained under (resumes that changed it)
 
 
 def _num(v: Any) -> bool:
@@ -90,6 +105,7 @@ def run_info(run: RunDir, metric: str = "accuracy") -> RunInfo:
     ``metric`` (greedy evaluations in evals.jsonl; for an eval directory the best pass@1 of its
     sampled evaluations)."""
     status = run.status()
+    writer = run.writer()
     try:
         cfg = run.load_config()
     except (OSError, ValueError):
@@ -110,17 +126,22 @@ def run_info(run: RunDir, metric: str = "accuracy") -> RunInfo:
         last = max(evals, key=lambda e: e["step"])
         final = float(last[metric])
     elif kind == "eval":
-        for label in run.sampled_eval_labels():
+        for label in sampled_eval_labels(run):
             try:
-                s, _ = run.read_sampled_eval(label)
+                s, _ = read_sampled_eval(run, label)
             except (OSError, ValueError):
                 continue
             if _num(s.get("accuracy")) and (best is None or s["accuracy"] > best):
                 best = float(s["accuracy"])
+    try:
+        segments = len(read_segments(run))
+    except (OSError, ValueError):
+        segments = 1
+    locked = (run.path / LOCK_FILE).exists()
     return RunInfo(
         path=run.path,
         kind=kind,
-        state=effective_state(status),
+        state=effective_state(status, writer if locked else False),
         recipe="-" if kind == "eval" else str(cfg.get("recipe", "?")),
         task=str(task_name or "?"),
         steps_done=steps_done,
@@ -130,12 +151,17 @@ def run_info(run: RunDir, metric: str = "accuracy") -> RunInfo:
         final=final,
         sweep=(cfg.get("tracking") or {}).get("sweep"),
         started=status.get("started"),
+        writer=writer,
+        segments=segments,
     )
 
 
 def format_runs_table(infos: list[RunInfo], root: Path, metric: str = "accuracy") -> str:
-    """A plain-text table, one run per line, paths relative to ``root``."""
-    headers = ["run", "status", "recipe", "task", "steps", f"best {metric}", f"final {metric}", "sweep"]
+    """A plain-text table, one run per line, paths relative to ``root``. ``writer`` names the
+    process holding a run's writer lock (pid@host); ``segments`` counts the configs a run trained
+    under (more than one when a resume changed its config, see segments.json)."""
+    headers = ["run", "status", "recipe", "task", "steps", f"best {metric}", f"final {metric}", "sweep",
+               "segments", "writer"]
     rows = []
     for i in infos:
         try:
@@ -148,7 +174,9 @@ def format_runs_table(infos: list[RunInfo], root: Path, metric: str = "accuracy"
         best = "-" if i.best is None else (f"{i.best:.3f}" + (f" @{i.best_step}" if i.best_step is not None else " (pass@1)"))
         final = "-" if i.final is None else f"{i.final:.3f}"
         state = i.state if i.kind == "train" else f"{i.state} (eval)"
-        rows.append([name, state, i.recipe, i.task, steps, best, final, i.sweep or "-"])
+        writer = "-" if not i.writer else (f"{i.writer.get('pid')}@{i.writer.get('hostname')}"
+                                           if i.writer.get("pid") is not None else describe_holder(i.writer))
+        rows.append([name, state, i.recipe, i.task, steps, best, final, i.sweep or "-", str(i.segments), writer])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else [len(h) for h in headers]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -7,6 +7,10 @@ every logged value must match *exactly*: training metrics (metrics.jsonl), held-
 out: the record timestamp ``time``, any key starting with ``time_`` (``time_collect``,
 ``time_step``, ...), throughput keys ending in ``_per_s`` (``tokens_per_s``) and keys ending in
 ``_time_s`` / ``wall_time``.
+
+A run resumed under a changed config has segments (segments.json); ``reinforge reproduce`` replays
+them at their steps, and the comparison checks that the reproduction changed the same keys to the
+same values at the same steps (the ``tracking`` section, which a reproduction pins, left out).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reinforge.tracking.run_dir import RunDir
+from reinforge.tracking.segments import read_segments
 
 __all__ = ["is_timing_key", "Mismatch", "ReproReport", "compare_run_dirs", "environment_differences",
            "format_repro_report"]
@@ -60,10 +65,12 @@ class ReproReport:
     extra_steps: dict[str, list[int]] = field(default_factory=dict)     # in the reproduction only
     ignored_keys: list[str] = field(default_factory=list)
     environment: list[str] = field(default_factory=list)
+    segments: list[str] = field(default_factory=list)  # how the config histories differ
 
     @property
     def matched(self) -> bool:
-        return not self.mismatches and not any(self.missing_steps.values()) and not any(self.extra_steps.values())
+        return (not self.mismatches and not any(self.missing_steps.values()) and not any(self.extra_steps.values())
+                and not self.segments)
 
     @property
     def first_mismatch_step(self) -> int | None:
@@ -128,6 +135,28 @@ def environment_differences(original: dict[str, Any], current: dict[str, Any]) -
     return out
 
 
+def _segment_history(run: RunDir) -> dict[int, list[tuple[str, str]]]:
+    out = {}
+    for seg in read_segments(run)[1:]:
+        changes = sorted((c.key, repr(c.after)) for c in seg.changes if not c.key.startswith("tracking."))
+        if changes:
+            out[seg.from_step] = changes
+    return out
+
+
+def segment_differences(original: RunDir, reproduction: RunDir) -> list[str]:
+    """Where the config histories of two runs differ: a step at which only one of them changed its
+    config, or changed other keys or to other values (the pinned tracking section left out)."""
+    a, b = _segment_history(original), _segment_history(reproduction)
+    out = []
+    for step in sorted(set(a) | set(b)):
+        if a.get(step) != b.get(step):
+            def fmt(ch):
+                return ", ".join(f"{k}={v}" for k, v in ch) if ch else "no change"
+            out.append(f"step {step}: original {fmt(a.get(step))}; reproduction {fmt(b.get(step))}")
+    return out
+
+
 def compare_run_dirs(original: RunDir, reproduction: RunDir) -> ReproReport:
     """Compare every logged record of two runs step by step (timing keys left out) and their
     environments; see the module docstring."""
@@ -138,6 +167,7 @@ def compare_run_dirs(original: RunDir, reproduction: RunDir) -> ReproReport:
     _compare_file("samples", original.read_samples(), reproduction.read_samples(), report, ignored)
     report.steps_compared = len(steps)
     report.ignored_keys = sorted(ignored)
+    report.segments = segment_differences(original, reproduction)
     report.mismatches.sort(key=lambda m: (m.step, ("metrics", "evals", "samples").index(m.file), m.key))
     try:
         report.environment = environment_differences(original.load_environment(), reproduction.load_environment())
@@ -155,6 +185,13 @@ def format_repro_report(report: ReproReport, original: RunDir, reproduction: Run
     else:
         step = report.first_mismatch_step
         lines.append("**Mismatch**" + (f": first at step {step}." if step is not None else "."))
+    history = _segment_history(original)
+    if history:
+        lines += ["", "The original's config changed on resume (segments.json); replayed at the same steps: "
+                  + "; ".join(f"step {step}: " + ", ".join(f"`{k}`={v}" for k, v in ch) for step, ch in history.items())
+                  + "."]
+    if report.segments:
+        lines += ["", "**Config histories differ:**", ""] + [f"- {d}" for d in report.segments]
     lines += ["", "Timing keys left out of the comparison: " + (", ".join(f"`{k}`" for k in report.ignored_keys) or "none") + "."]
     if report.mismatches:
         lines += ["", "| file | step | key | original | reproduction |", "|---|---:|---|---|---|"]

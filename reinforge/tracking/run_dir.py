@@ -3,7 +3,9 @@
 Layout (every file written atomically or appended line by line, see :mod:`reinforge.tracking.io`)::
 
     <output_dir>/<run name>/
-        config.yaml          the resolved config, whole (RunConfig.to_yaml())
+        config.yaml          the config in force, whole (RunConfig.to_yaml())
+        segments.json        the config history: each config and the step it took effect (tracking/segments.py)
+        writer.lock          the writer's OS lock, and its pid and host (tracking/lock.py)
         environment.json     python, platform, cpus, torch threads, every package version, git commit
         git_diff.patch       uncommitted changes to tracked files, when the repo was dirty
         status.json          {"state": running|finished|failed|interrupted, "started", "pid", ...}
@@ -11,18 +13,20 @@ Layout (every file written atomically or appended line by line, see :mod:`reinfo
         samples.jsonl        logged completions: {"step", <row fields>...}
         evals.jsonl          one line per held-out evaluation: {"step", "time", <summary>...}
         evals/step_000010.json   per-prompt details of that evaluation
-        checkpoints/         owned by the trainer
+        checkpoints/         written by the trainer, listed by tracking/checkpoints.py
         final_model/         the trained model (save_pretrained), written by the trainer
-        learning_curves.png  :meth:`RunDir.plot_curves`
+        learning_curves.png  tracking/curves.py
         summary.json, summary.md  :meth:`RunDir.write_summary`
         exporters.json       ids of the wandb / MLflow / trackio runs this run also logs to
         tensorboard/         TensorBoard event files (when tracking.exporters has tensorboard)
-        sampled_evals/<label>/   `reinforge eval`: N samples per held-out prompt, pass@k, maj@k
-        boundary/<label>/    `reinforge eval --boundary`: base vs trained pass@k curves
+        sampled_evals/, boundary/   `reinforge eval` (tracking/sampled_evals.py)
 
 ``status.json`` has ``"kind": "eval"`` for a directory made by ``reinforge eval`` on a bare model
 (no training); other directories are training runs. Training runs made by ``reinforge sweep``
 carry ``tracking.sweep`` in their config.
+
+One process writes a run at a time: :meth:`RunDir.create` takes the writer lock, and a writer
+that opens an existing run takes it with :meth:`RunDir.acquire_writer`. Readers never lock.
 
 Every report and comparison is computed from these files alone, so a run directory can be copied
 to another machine and compared later.
@@ -31,23 +35,20 @@ to another machine and compared later.
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.metadata
-import io as _io
 import json
 import logging
-import math
 import os
-import platform
 import re
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from reinforge.tracking import lock as _lock
+from reinforge.tracking.checkpoints import CHECKPOINTS_DIR, find_checkpoint, list_checkpoints
+from reinforge.tracking.environment import collect_environment
 from reinforge.tracking.io import (
     append_jsonl,
     append_jsonl_many,
@@ -63,7 +64,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunDir", "NotARunDirectoryError", "RUN_STATES", "RUN_KINDS", "collect_environment"]
+__all__ = ["RunDir", "NotARunDirectoryError", "RUN_STATES", "RUN_KINDS", "collect_environment", "task_label",
+           "safe_name"]
 
 CONFIG_FILE = "config.yaml"
 ENVIRONMENT_FILE = "environment.json"
@@ -73,30 +75,13 @@ METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 EVALS_FILE = "evals.jsonl"
 EVAL_DETAILS_DIR = "evals"
-CHECKPOINTS_DIR = "checkpoints"
-CURVES_FILE = "learning_curves.png"
 FINAL_MODEL_DIR = "final_model"
-SAMPLED_EVALS_DIR = "sampled_evals"
-BOUNDARY_DIR = "boundary"
 RUN_KINDS = ("train", "eval")
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 
 RUN_STATES = ("running", "finished", "failed", "interrupted")
 _MAX_GIT_DIFF_BYTES = 5 * 1024 * 1024
-
-# Metric names plot_curves looks for, first match wins. The trainer should log one of these.
-TRAIN_REWARD_KEYS = ("reward_mean", "reward/mean", "train/reward_mean", "reward")
-TRAIN_ACCURACY_KEYS = ("accuracy", "accuracy_mean", "train/accuracy")
-LENGTH_KEYS = (
-    "completion_length_mean",
-    "completion_length",
-    "completion_len_mean",
-    "response_length_mean",
-    "length_mean",
-)
-LOSS_KEYS = ("loss", "policy_loss", "loss/policy")
-KL_KEYS = ("kl", "kl_mean", "loss/kl")
 
 
 class NotARunDirectoryError(FileNotFoundError):
@@ -107,7 +92,8 @@ def _now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def _safe_name(text: str) -> str:
+def safe_name(text: str) -> str:
+    """``text`` made safe as a file name (runs of other characters become ``_``)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
 
 
@@ -125,105 +111,6 @@ def _eval_detail_name(step: int) -> str:
 _DETAIL_RE = re.compile(r"^step_(-?\d+)\.json$")
 
 
-# ----------------------------------------------------------------------------- environment
-
-
-def _run_git(args: list[str], cwd: Path) -> str | None:
-    """Output of a read-only git command, or None if git is missing / not a repo / fails."""
-    try:
-        out = subprocess.run(
-            ["git", "--no-optional-locks", *args],  # never take the index lock
-            cwd=cwd,
-            capture_output=True,
-            timeout=15,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return out.stdout.decode("utf-8", errors="replace")
-
-
-def _git_info(cwd: Path) -> tuple[dict[str, Any], str | None]:
-    """Commit and dirtiness of the repository containing ``cwd``; (info, diff or None)."""
-    commit = _run_git(["rev-parse", "HEAD"], cwd)
-    if commit is None:
-        return {"available": False, "commit": None, "dirty": None}, None
-    info: dict[str, Any] = {"available": True, "commit": commit.strip()}
-    root = _run_git(["rev-parse", "--show-toplevel"], cwd)
-    info["root"] = root.strip() if root else None
-    status = _run_git(["status", "--porcelain", "--untracked-files=no"], cwd)
-    info["dirty"] = None if status is None else bool(status.strip())
-    diff = None
-    if info["dirty"]:
-        diff = _run_git(["diff", "HEAD"], cwd)
-    return info, diff
-
-
-def _installed_packages() -> dict[str, str]:
-    packages: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
-        try:
-            name = dist.metadata["Name"]
-        except Exception:
-            name = None
-        if name:
-            packages.setdefault(name, dist.version)
-    return dict(sorted(packages.items(), key=lambda kv: kv[0].lower()))
-
-
-def collect_environment(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str | None]:
-    """What is needed to reproduce a run's software environment; returns (info, git diff or None).
-
-    Never raises for a missing git or a directory that is not a repository.
-    """
-    cwd = Path(cwd) if cwd is not None else Path.cwd()
-    try:
-        affinity = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        affinity = None
-    env: dict[str, Any] = {
-        "python": {
-            "version": platform.python_version(),
-            "implementation": platform.python_implementation(),
-            "full_version": sys.version,
-            "executable": sys.executable,
-        },
-        "platform": {
-            "platform": platform.platform(),
-            "system": platform.system(),
-            "release": platform.release(),
-            "machine": platform.machine(),
-            "processor": platform.processor(),
-            "hostname": socket.gethostname(),
-        },
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity_count": affinity,
-        "argv": list(sys.argv),
-        "cwd": str(cwd),
-    }
-    try:
-        import torch
-
-        env["torch"] = {
-            "version": torch.__version__,
-            "num_threads": torch.get_num_threads(),
-            "num_interop_threads": torch.get_num_interop_threads(),
-            "cuda_available": torch.cuda.is_available(),
-            "cuda_version": torch.version.cuda,
-            "cuda_devices": [
-                torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
-            ]
-            if torch.cuda.is_available()
-            else [],
-        }
-    except Exception as err:  # torch missing or broken: record, do not fail the run
-        env["torch"] = {"version": None, "error": repr(err)}
-    env["packages"] = _installed_packages()
-    git, diff = _git_info(cwd)
-    env["git"] = git
-    return env, diff
-
-
 # ----------------------------------------------------------------------------- the run directory
 
 
@@ -236,6 +123,7 @@ class RunDir:
         # it never contacts a tracking backend; a terminal set_status() finishes them.
         self._exporters = None
         self._purge_step: int | None = None
+        self._writer_holds = 0  # acquisitions of the writer lock made through this object
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -260,6 +148,10 @@ class RunDir:
         existing directory is never reused: a default name gets a ``-2``, ``-3``... suffix; an
         explicit name that exists and is not empty raises FileExistsError (resume an existing
         run with :meth:`open`).
+
+        The returned RunDir holds the writer lock, taken before any file is written, so no other
+        process can resume a half-made run; :meth:`release_writer` (or the process's end) gives
+        it back.
         """
         if kind not in RUN_KINDS:
             raise ValueError(f"unknown run kind {kind!r}; accepted: {', '.join(RUN_KINDS)}")
@@ -276,12 +168,12 @@ class RunDir:
                 if not path.is_dir() or any(path.iterdir()):
                     raise FileExistsError(
                         f"run directory {str(path)!r} already exists; choose another "
-                        "tracking.run_name, or resume it with RunDir.open()"
+                        f"tracking.run_name, or resume it with `reinforge train --resume {path}`"
                     ) from None
         else:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             what = config.recipe if kind == "train" else f"eval-{Path(config.model.path).name}"
-            base = _safe_name(f"{stamp}-{what}-{task_label(config.task.model_dump())}")
+            base = safe_name(f"{stamp}-{what}-{task_label(config.task.model_dump())}")
             suffix = 1
             while True:
                 path = output_dir / (base if suffix == 1 else f"{base}-{suffix}")
@@ -292,7 +184,12 @@ class RunDir:
                     suffix += 1
 
         run = cls(path)
+        run.acquire_writer()  # an explicit, empty directory may be raced for: one creator wins
         atomic_write_text(path / CONFIG_FILE, config.to_yaml())
+        if kind == "train":
+            from reinforge.tracking.segments import start_history
+
+            start_history(run, config.to_dict())
         env, diff = collect_environment()
         env["seeds"] = {"trainer": config.trainer.seed, "task": config.task.seed}
         if diff:
@@ -325,6 +222,33 @@ class RunDir:
             )
         return cls(path)
 
+    # -- the writer lock (tracking/lock.py)
+
+    def acquire_writer(self) -> None:
+        """Take the run's writer lock (again, if this process holds it). RunLockedError names
+        the pid and host of the process that holds it."""
+        _lock.acquire(self.path)
+        self._writer_holds += 1
+
+    def release_writer(self) -> None:
+        """Give back one acquisition made through this object (no-op when it made none)."""
+        if self._writer_holds:
+            self._writer_holds -= 1
+            _lock.release(self.path)
+
+    def writer(self) -> dict[str, Any] | None:
+        """The process writing this run (pid, hostname, since, argv), or None when none is."""
+        return _lock.lock_holder(self.path)
+
+    def _require_writer(self) -> None:
+        # The run's records change only under the writer lock: two writers are what duplicated
+        # steps and renamed checkpoints away under each other before the lock existed.
+        if not _lock.holds_lock(self.path):
+            raise RuntimeError(
+                f"this process does not hold the writer lock of {str(self.path)!r}: take it with "
+                "RunDir.acquire_writer() before writing the run"
+            )
+
     # -- config / status
 
     def load_config(self) -> dict[str, Any]:
@@ -355,6 +279,7 @@ class RunDir:
         (e.g. step=, error=); earlier fields such as ``started`` and ``pid`` are kept."""
         if state not in RUN_STATES:
             raise ValueError(f"unknown run state {state!r}; accepted: {', '.join(RUN_STATES)}")
+        self._require_writer()
         status = self.status()
         status.update(extra)
         status["state"] = state
@@ -401,6 +326,7 @@ class RunDir:
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Append ``{"step", "time", **metrics}`` to metrics.jsonl."""
         self._check_reserved(metrics, ("step", "time"), "metrics")
+        self._require_writer()
         append_jsonl(self.path / METRICS_FILE, {"step": int(step), "time": time.time(), **metrics})
         self._export(metrics, step)
 
@@ -408,12 +334,14 @@ class RunDir:
         """Append sampled completions (one line per row, each with ``"step"``) to samples.jsonl."""
         for row in rows:
             self._check_reserved(row, ("step",), "sample rows")
+        self._require_writer()
         append_jsonl_many(self.path / SAMPLES_FILE, ({"step": int(step), **row} for row in rows))
 
     def log_eval(self, step: int, summary: dict, per_prompt: list[dict]) -> None:
         """Write the per-prompt details to evals/step_NNNNNN.json (atomically), then append
         ``{"step", "time", **summary}`` to evals.jsonl, so a summary line always has details."""
         self._check_reserved(summary, ("step", "time"), "eval summary")
+        self._require_writer()
         atomic_write_json(
             self.path / EVAL_DETAILS_DIR / _eval_detail_name(step), list(per_prompt), indent=None
         )
@@ -456,6 +384,7 @@ class RunDir:
         samples and evals, and eval detail files), so a run resumed from the checkpoint of
         ``step`` never has duplicate or orphan steps. Records without a step are kept."""
         step = int(step)
+        self._require_writer()
         self._purge_step = step + 1  # exporters that can (TensorBoard) drop the later steps too
         for fname in (METRICS_FILE, SAMPLES_FILE, EVALS_FILE):
             p = self.path / fname
@@ -481,193 +410,17 @@ class RunDir:
         return self.path / FINAL_MODEL_DIR
 
     def checkpoints(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints (their state.json, written last, exists) as (step, path), sorted."""
-        root = self.checkpoints_dir
-        if not root.is_dir():
-            return []
-        out = []
-        for p in root.iterdir():
-            m = re.fullmatch(r"step_(\d+)", p.name)
-            if m and p.is_dir() and (p / "state.json").is_file():
-                out.append((int(m.group(1)), p))
-        return sorted(out)
+        """Complete checkpoints as (step, path), oldest first (tracking/checkpoints.py)."""
+        return list_checkpoints(self.path)
 
     def checkpoint(self, which: str | int) -> tuple[int, Path]:
         """The checkpoint named ``step_000010``, ``10`` or ``latest``; FileNotFoundError lists
         the ones that exist."""
-        ckpts = self.checkpoints()
-        if str(which) == "latest":
-            if not ckpts:
-                raise FileNotFoundError(f"run {str(self.path)!r} has no complete checkpoint")
-            return ckpts[-1]
-        m = re.fullmatch(r"(?:step_)?(\d+)", str(which))
-        step = int(m.group(1)) if m else None
-        for s, p in ckpts:
-            if s == step:
-                return s, p
-        have = ", ".join(p.name for _, p in ckpts) or "none"
-        raise FileNotFoundError(
-            f"run {str(self.path)!r} has no checkpoint {which!r}; complete checkpoints: {have} "
-            "(trainer.keep_checkpoints sets how many are kept)"
-        )
-
-    # -- sampled evaluations (reinforge eval)
-
-    def sampled_eval_dir(self, label: str) -> Path:
-        return self.path / SAMPLED_EVALS_DIR / _safe_name(label)
-
-    def sampled_eval_labels(self) -> list[str]:
-        d = self.path / SAMPLED_EVALS_DIR
-        if not d.is_dir():
-            return []
-        return sorted(p.name for p in d.iterdir() if (p / SUMMARY_JSON).is_file())
-
-    def write_sampled_eval(self, label: str, summary: dict, per_prompt: list[dict]) -> Path:
-        """Write ``sampled_evals/<label>/samples.jsonl`` (every prompt's completions) and then
-        ``summary.json`` (its presence marks the evaluation complete); returns the folder."""
-        d = self.sampled_eval_dir(label)
-        rewrite_jsonl(d / SAMPLES_FILE, per_prompt)
-        atomic_write_json(d / SUMMARY_JSON, summary)
-        return d
-
-    def read_sampled_eval(self, label: str) -> tuple[dict, list[dict]]:
-        d = self.sampled_eval_dir(label)
-        try:
-            summary = json.loads((d / SUMMARY_JSON).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"run {str(self.path)!r} has no sampled evaluation {label!r} "
-                f"(it has: {', '.join(self.sampled_eval_labels()) or 'none'})"
-            ) from None
-        return summary, read_jsonl(d / SAMPLES_FILE)
-
-    def boundary_dir(self, label: str) -> Path:
-        return self.path / BOUNDARY_DIR / _safe_name(label)
+        return find_checkpoint(self.path, which)
 
     # -- outputs
 
     def write_summary(self, summary: dict, markdown: str) -> None:
+        self._require_writer()
         atomic_write_json(self.path / SUMMARY_JSON, summary)
         atomic_write_text(self.path / SUMMARY_MD, markdown if markdown.endswith("\n") else markdown + "\n")
-
-    def plot_curves(self) -> Path:
-        """learning_curves.png from metrics.jsonl and evals.jsonl; returns its path.
-
-        Panels (each only when its data exists): train reward mean, held-out accuracy (with 95%
-        CI error bars when evals carry accuracy_ci_low/high; train batch accuracy dashed),
-        held-out mean reward (with CI when present), completion length, loss, KL. With no data at
-        all, a single panel says so. Works with 0, 1 or many records.
-        """
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        metrics = [r for r in self.read_metrics() if isinstance(r, dict) and "step" in r]
-        evals = [r for r in self.read_evals() if isinstance(r, dict) and "step" in r]
-
-        panels: list[dict[str, Any]] = []
-
-        def num(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-        def series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
-            xs, ys = [], []
-            for r in records:
-                v = r.get(key)
-                if num(v):
-                    xs.append(float(r["step"]))
-                    ys.append(float(v))
-            return xs, ys
-
-        def first_key(records: list[dict], keys: tuple[str, ...]) -> str | None:
-            for k in keys:
-                if any(num(r.get(k)) for r in records):
-                    return k
-            return None
-
-        def eval_line(key: str, ci_prefixes: tuple[str, ...], label: str) -> dict | None:
-            xs, ys = series(evals, key)
-            if not xs:
-                return None
-            line: dict[str, Any] = {"x": xs, "y": ys, "label": label}
-            rows = [r for r in evals if num(r.get(key))]
-            for prefix in ci_prefixes:
-                lo_k, hi_k = f"{prefix}_ci_low", f"{prefix}_ci_high"
-                if all(num(r.get(lo_k)) and num(r.get(hi_k)) for r in rows):
-                    break
-            else:
-                return line
-            lo = [max(0.0, y - float(r[lo_k])) for r, y in zip(rows, ys)]
-            hi = [max(0.0, float(r[hi_k]) - y) for r, y in zip(rows, ys)]
-            line["yerr"] = [lo, hi]
-            line["label"] = f"{label} (CI)"
-            return line
-
-        k = first_key(metrics, TRAIN_REWARD_KEYS)
-        if k:
-            x, y = series(metrics, k)
-            panels.append({"title": "train reward (mean)", "ylabel": k,
-                           "lines": [{"x": x, "y": y, "label": "train"}]})
-
-        acc_lines = []
-        k = first_key(metrics, TRAIN_ACCURACY_KEYS)
-        if k:
-            x, y = series(metrics, k)
-            acc_lines.append({"x": x, "y": y, "label": "train batch", "style": "--"})
-        line = eval_line("accuracy", ("accuracy",), "held-out")
-        if line:
-            acc_lines.append(line)
-        if acc_lines:
-            panels.append({"title": "accuracy", "ylabel": "accuracy", "lines": acc_lines})
-
-        line = eval_line("reward_mean", ("reward", "reward_mean"), "held-out")
-        if line:
-            panels.append({"title": "held-out reward (mean)", "ylabel": "reward_mean",
-                           "lines": [line]})
-
-        for keys, title in ((LENGTH_KEYS, "completion length"), (LOSS_KEYS, "loss"),
-                            (KL_KEYS, "KL to reference")):
-            k = first_key(metrics, keys)
-            if k:
-                x, y = series(metrics, k)
-                panels.append({"title": title, "ylabel": k,
-                               "lines": [{"x": x, "y": y, "label": k}]})
-
-        n = max(1, len(panels))
-        ncols = min(3, n)
-        nrows = math.ceil(n / ncols)
-        height = 3.2 * nrows + 0.4
-        fig = Figure(figsize=(4.4 * ncols, height))
-        FigureCanvasAgg(fig)
-        # Fixed margins (inches -> fractions): constrained layout costs ~1 s per plot.
-        axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-        fig.subplots_adjust(left=0.9 / (4.4 * ncols), right=1 - 0.15 / (4.4 * ncols),
-                            bottom=0.55 / height, top=1 - 0.75 / height, wspace=0.38, hspace=0.5)
-        if not panels:
-            ax = axes[0]
-            ax.text(0.5, 0.5, "no metrics or evaluations logged yet", ha="center", va="center",
-                    transform=ax.transAxes)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        for ax, panel in zip(axes, panels):
-            for ln in panel["lines"]:
-                style = ln.get("style", "-")
-                if "yerr" in ln:
-                    ax.errorbar(ln["x"], ln["y"], yerr=ln["yerr"], fmt="o" + style, capsize=3,
-                                markersize=4, label=ln["label"])
-                else:
-                    ax.plot(ln["x"], ln["y"], style, marker="o" if len(ln["x"]) < 30 else None,
-                            markersize=3, label=ln["label"])
-            ax.set_title(panel["title"])
-            ax.set_xlabel("step")
-            ax.set_ylabel(panel["ylabel"])
-            ax.grid(alpha=0.3)
-            if len(panel["lines"]) > 1 or any("yerr" in ln for ln in panel["lines"]):
-                ax.legend(fontsize="small")
-        for ax in axes[len(panels) if panels else 1:]:
-            ax.set_visible(False)
-        fig.suptitle(self.name)
-        buf = _io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100)
-        out = self.path / CURVES_FILE
-        atomic_write_bytes(out, buf.getvalue())
-        return out

@@ -24,7 +24,10 @@ Each run is ``<output_dir>/<grid point>-seed<seed>/`` (e.g. ``scale_rewards=fals
 ``tracking.sweep: <name>`` in its config; ``<output_dir>/sweep.json`` lists the plan. Running the
 sweep again skips finished runs, resumes interrupted, killed or failed ones from their last
 checkpoint, and starts the rest; a run whose saved config differs from the plan (the sweep file was
-edited) stops the sweep with the differing keys named.
+edited) stops the sweep with the differing keys named. Each run is trained under its writer lock
+(tracking/lock.py), taken before its state is read: a run another process is writing (a second
+sweep over the same folder, a ``reinforge train --resume``) stops the sweep with that process
+named, and is never trained twice.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from reinforge.tracking.index import effective_state, pid_alive
+from reinforge.tracking.index import effective_state, pid_alive, run_state
 from reinforge.tracking.io import atomic_write_json
+from reinforge.tracking.lock import LOCK_FILE, RunLockedError, describe_holder
 from reinforge.tracking.run_dir import CONFIG_FILE, RunDir
 
 if TYPE_CHECKING:
@@ -87,14 +91,9 @@ class SweepRun:
     seed: int
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
 def _overrides_mapping(raw: Any, where: str) -> dict[str, Any]:
+    from reinforge.config import parse_override
+
     if raw is None:
         return {}
     if isinstance(raw, dict):
@@ -104,8 +103,8 @@ def _overrides_mapping(raw: Any, where: str) -> dict[str, Any]:
         for item in raw:
             if not isinstance(item, str) or "=" not in item:
                 raise SweepError(f"{where}: override {item!r} is not of the form key=value")
-            k, v = item.split("=", 1)
-            out[k.strip()] = _parse_value(v)
+            k, v = parse_override(item)
+            out[k] = v
         return out
     raise SweepError(f"{where}: 'overrides' must be a mapping or a list of key=value strings")
 
@@ -222,21 +221,10 @@ def plan_sweep(spec: SweepSpec) -> list[SweepRun]:
     return runs
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    node = tree
-    parts = dotted.split(".")
-    for k in parts[:-1]:
-        nxt = node.setdefault(k, {})
-        if not isinstance(nxt, dict):
-            raise SweepError(f"key {dotted!r}: {k!r} is not a config section")
-        node = nxt
-    node[parts[-1]] = copy.deepcopy(value)
-
-
 def run_config(spec: SweepSpec, run: SweepRun) -> "RunConfig":
     """The run's config: base file <- fixed overrides <- grid point <- seed <- sweep tracking keys,
     then the recipe preset under it all and validation (as ``reinforge train`` does)."""
-    from reinforge.config import ConfigError, build_config
+    from reinforge.config import ConfigError, build_config, set_dotted
 
     raw: dict[str, Any] = {}
     if spec.base is not None:
@@ -246,16 +234,16 @@ def run_config(spec: SweepSpec, run: SweepRun) -> "RunConfig":
             raise SweepError(f"base config {str(spec.base)!r} is not valid YAML: {err}") from None
         if not isinstance(raw, dict):
             raise SweepError(f"base config {str(spec.base)!r} must hold a mapping of config sections")
-    for k, v in spec.overrides.items():
-        _set_dotted(raw, k, v)
-    for k, v in run.point.items():
-        _set_dotted(raw, k, v)
-    for k in spec.seed_keys:
-        _set_dotted(raw, k, run.seed)
-    _set_dotted(raw, "tracking.output_dir", str(spec.output_dir))
-    _set_dotted(raw, "tracking.run_name", run.name)
-    _set_dotted(raw, "tracking.sweep", spec.name)
     try:
+        for k, v in spec.overrides.items():
+            set_dotted(raw, k, v)
+        for k, v in run.point.items():
+            set_dotted(raw, k, v)
+        for k in spec.seed_keys:
+            set_dotted(raw, k, run.seed)
+        set_dotted(raw, "tracking.output_dir", str(spec.output_dir))
+        set_dotted(raw, "tracking.run_name", run.name)
+        set_dotted(raw, "tracking.sweep", spec.name)
         return build_config(raw)
     except ConfigError as err:
         raise SweepError(f"sweep run {run.name}: {err}") from None
@@ -298,13 +286,19 @@ def write_sweep_file(spec: SweepSpec, runs: list[SweepRun]) -> Path:
     return path
 
 
+def _held_error(path: Path, holder: dict[str, Any] | None) -> SweepError:
+    return SweepError(f"run {str(path)!r} is being trained by {describe_holder(holder)}; "
+                      "wait for it or stop it before running the sweep")
+
+
 def run_sweep(spec: SweepSpec, train: TrainFn, *, echo: Callable[[str], None] = print) -> SweepOutcome:
     """Run every planned run not yet finished, one after another.
 
-    ``train(config, run_dir)`` trains one run: ``run_dir`` is None for a new run, or the existing
-    RunDir to resume from its latest checkpoint. A finished run is skipped. A run that raises is
-    recorded as failed and the sweep goes on; a run left "interrupted" (Ctrl-C) stops the sweep, so
-    the same command continues it.
+    ``train(config, run_dir)`` trains one run: ``run_dir`` is None for a new run (the trainer
+    creates it, taking its writer lock), or the existing RunDir, whose writer lock the sweep holds,
+    to resume from its latest checkpoint. A finished run is skipped. A run that raises is
+    recorded as failed and the sweep goes on; a run left "interrupted" (Ctrl-C) stops the sweep,
+    so the same command continues it. A run another process is writing stops the sweep.
     """
     runs = plan_sweep(spec)
     configs = [run_config(spec, r) for r in runs]  # validate every run before training any
@@ -316,22 +310,21 @@ def run_sweep(spec: SweepSpec, train: TrainFn, *, echo: Callable[[str], None] = 
         existing: RunDir | None = None
         if (path / CONFIG_FILE).is_file():
             existing = RunDir.open(path)
-            diff = _diff_keys(_comparable(existing.load_config()), _comparable(cfg.to_dict()))
-            if diff:
-                raise SweepError(
-                    f"run {str(path)!r} was made with a different config than the sweep now plans "
-                    f"(differing keys: {', '.join(diff[:8])}). Use another output_dir for the changed sweep, "
-                    "or delete that run to redo it."
-                )
-            status = existing.status()
-            state = effective_state(status)
+            had_lock = (path / LOCK_FILE).exists()
+            try:
+                existing.acquire_writer()  # held from before the state is read until training ends
+            except RunLockedError as err:
+                raise _held_error(path, err.holder) from None
+            try:
+                state = _check_existing(existing, cfg, legacy=not had_lock)
+            except BaseException:
+                existing.release_writer()
+                raise
             if state == "finished":
+                existing.release_writer()
                 echo(f"{tag}: finished, skipped")
                 outcome.skipped.append(run.name)
                 continue
-            if state == "running" and pid_alive(status.get("pid")) and status.get("pid") != os.getpid():
-                raise SweepError(f"run {str(path)!r} is being trained by process {status.get('pid')}; "
-                                 "wait for it or stop it before running the sweep")
             echo(f"{tag}: {state}, resuming from its latest checkpoint")
         elif path.exists() and any(path.iterdir()):
             raise SweepError(f"{str(path)!r} exists but is not a run directory (no {CONFIG_FILE}); remove it")
@@ -341,14 +334,20 @@ def run_sweep(spec: SweepSpec, train: TrainFn, *, echo: Callable[[str], None] = 
             train(cfg, existing)
         except KeyboardInterrupt:
             raise
+        except (RunLockedError, FileExistsError) as err:
+            if existing is None:  # another process created this run after the check above
+                raise _held_error(path, RunDir(path).writer()) from err
+            raise
         except Exception as err:  # noqa: BLE001 - one failing run must not stop the others
             log.exception("sweep run %s failed", run.name)
             outcome.failed.append((run.name, f"{type(err).__name__}: {err}"))
             echo(f"{tag}: failed ({type(err).__name__}: {err})")
             continue
         finally:
+            if existing is not None:
+                existing.release_writer()
             gc.collect()
-        state = effective_state(RunDir.open(path).status()) if (path / CONFIG_FILE).is_file() else "missing"
+        state = run_state(RunDir.open(path)) if (path / CONFIG_FILE).is_file() else "missing"
         if state == "interrupted":
             outcome.interrupted = run.name
             echo(f"{tag}: interrupted; run the same sweep command again to continue")
@@ -358,3 +357,24 @@ def run_sweep(spec: SweepSpec, train: TrainFn, *, echo: Callable[[str], None] = 
         else:
             outcome.failed.append((run.name, f"ended in state {state}"))
     return outcome
+
+
+def _check_existing(run: RunDir, cfg: "RunConfig", *, legacy: bool) -> str:
+    """The state of a planned run found on disk, after checking it was made from the same plan.
+    ``legacy``: the run predates writer locks, so a live pid in its status means a writer."""
+    diff = _diff_keys(_comparable(run.load_config()), _comparable(cfg.to_dict()))
+    if diff:
+        raise SweepError(
+            f"run {str(run.path)!r} was made with a different config than the sweep now plans "
+            f"(differing keys: {', '.join(diff[:8])}). Use another output_dir for the changed sweep, "
+            "or delete that run to redo it."
+        )
+    status = run.status()
+    if legacy:
+        state = effective_state(status)
+        if state == "running" and pid_alive(status.get("pid")) and status.get("pid") != os.getpid():
+            raise _held_error(run.path, {"pid": status.get("pid"), "hostname": status.get("hostname")})
+        return state
+    # This process holds the lock now, so a "running" status was left by a writer that died.
+    state = status.get("state", "unknown")
+    return "stale" if state == "running" else state

@@ -1,7 +1,8 @@
 """Checkpoints: trainable weights, optimiser and scheduler, RNG states and data position.
 
 A checkpoint is a folder written under a temporary name and renamed into place, so a crash or
-Ctrl-C mid-write leaves the previous checkpoint as the latest complete one.
+Ctrl-C mid-write leaves the previous checkpoint as the latest complete one. Which checkpoints a
+run holds is answered in one place, :mod:`reinforge.tracking.checkpoints`.
 """
 
 from __future__ import annotations
@@ -17,34 +18,31 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-PREFIX = "step_"
+from ..tracking.checkpoints import CHECKPOINTS_DIR, COMPLETE_MARKER, checkpoint_name, list_checkpoints
 
 
 def checkpoint_root(run_path: Path) -> Path:
-    return Path(run_path) / "checkpoints"
-
-
-def list_checkpoints(run_path: Path) -> list[Path]:
-    root = checkpoint_root(run_path)
-    if not root.is_dir():
-        return []
-    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()]
-    return sorted(done, key=lambda p: int(p.name[len(PREFIX):]))
+    return Path(run_path) / CHECKPOINTS_DIR
 
 
 def latest_checkpoint(run_path: Path) -> Path | None:
     ckpts = list_checkpoints(run_path)
-    return ckpts[-1] if ckpts else None
+    return ckpts[-1][1] if ckpts else None
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():  # sampling on a GPU draws from its own generators
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(
@@ -58,29 +56,29 @@ def save_checkpoint(
 ) -> Path:
     root = checkpoint_root(run_path)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{step:06d}"
-    tmp = root / f".tmp-{PREFIX}{step:06d}"
+    final = root / checkpoint_name(step)
+    tmp = root / f".tmp-{checkpoint_name(step)}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "weights.safetensors"))
     torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
-    # state.json last: its presence marks the folder complete.
-    (tmp / "state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
+    # state.json last: its presence marks the folder complete (tracking.checkpoints lists it).
+    (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in list_checkpoints(run_path)[:-keep]:
+    for _, old in list_checkpoints(run_path)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     path = Path(path)
-    state = json.loads((path / "state.json").read_text())
+    state = json.loads((path / COMPLETE_MARKER).read_text())
     return {
         "state": state,
         "weights": load_file(str(path / "weights.safetensors")),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import random
 import shutil
@@ -37,7 +36,6 @@ from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, needs_
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
 from ..curriculum import build_curriculum
-from ..evaluation import paired_bootstrap_diff
 from ..evaluation.runner import generate_and_score, greedy_heldout_eval
 from ..learner import Learner
 from ..learner.critic import Critic
@@ -47,8 +45,11 @@ from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
 from ..tasks import Example, build_task, encode_prompt
 from ..tracking import RunDir
+from ..tracking.curves import plot_learning_curves
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from .progress import Progress
+from .resume import apply_optimizer_settings, plan_resume, record_segment
+from .summary import write_run_summary
 
 log = logging.getLogger("reinforge")
 
@@ -119,11 +120,16 @@ class PhaseTimer:
 
 
 class Trainer:
-    def __init__(self, config: RunConfig, *, run_dir: RunDir | None = None, resume: bool = False):
+    def __init__(self, config: RunConfig, *, run_dir: RunDir | None = None, resume: bool = False,
+                 new_segment: bool = False):
+        """``resume``: continue ``run_dir`` from its latest checkpoint under ``config``; a change
+        that alters what a step computes needs ``new_segment`` (reinforge/trainer/resume.py)."""
         self.cfg = config
         self._resume = resume
+        self._new_segment = new_segment
         self.run_dir = run_dir
         self._stop_requested = False
+        self.stop_after_step: int | None = None  # stop as Ctrl-C does once this step is checkpointed
 
     # -- setup -------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -194,9 +200,12 @@ class Trainer:
         if ckpt is None:
             log.warning("no checkpoint in %s: starting from step 0", self.run_dir.path)
             self.run_dir.truncate_after(0)
+            record_segment(self.run_dir, self.cfg, 0)
             return
         data = load_checkpoint(ckpt)
         self.learner.load_state_dict({"weights": data["weights"], **data["optimizer"]})
+        # The optimiser state brings back the saved rates: an accepted new lr must win over it.
+        apply_optimizer_settings(self.learner, self.cfg)
         set_rng_state(data["rng"])
         st = data["state"]
         self.curriculum.load_state_dict(st["sampler"])
@@ -205,6 +214,7 @@ class Trainer:
         # A generator with its own weights started from the base model's.
         self._sync_generator(self.start_step)
         self.run_dir.truncate_after(self.start_step)
+        record_segment(self.run_dir, self.cfg, self.start_step)  # segments.json, then config.yaml
         log.info("resumed %s from step %d", self.run_dir.path, self.start_step)
 
     def _checkpoint(self, step: int) -> None:
@@ -445,6 +455,19 @@ class Trainer:
               file=sys.stderr)
 
     def run(self) -> RunResult:
+        """Train. The run directory's writer lock is held throughout: a second writer is refused
+        before anything loads, and a resume's config changes are checked and printed first."""
+        if self.run_dir is not None:
+            self.run_dir.acquire_writer()  # a new run's directory is created with the lock held
+        try:
+            if self._resume:
+                plan_resume(self.run_dir, self.cfg, new_segment=self._new_segment)
+            return self._run()
+        finally:
+            if self.run_dir is not None:
+                self.run_dir.release_writer()
+
+    def _run(self) -> RunResult:
         self._setup()
         cfg = self.cfg
         rd = self.run_dir
@@ -464,6 +487,8 @@ class Trainer:
                     bar.update(self.start_step, eval=last_eval)
                 for step in range(self.start_step + 1, cfg.trainer.steps + 1):
                     metrics = self.train_step(step)
+                    if step == self.stop_after_step:  # `reinforge reproduce` replaying a segment
+                        self._stop_requested = True
                     if metrics["skipped"]:
                         self.nan_streak += 1
                         log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)",
@@ -501,8 +526,9 @@ class Trainer:
             if old_handler is not None:
                 signal.signal(signal.SIGINT, old_handler)
         self._save_final_model()
-        summary = self._summarise(time.perf_counter() - started)
-        rd.plot_curves()
+        summary = write_run_summary(rd, recipe=cfg.recipe, task_name=self.task.name, model_path=cfg.model.path,
+                                    seed=cfg.trainer.seed, wall_time=time.perf_counter() - started)
+        plot_learning_curves(rd)
         rd.set_status("finished", step=step)
         return RunResult(rd.path, step, summary)
 
@@ -514,37 +540,3 @@ class Trainer:
         self.tokenizer.save_pretrained(tmp)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
-
-    def _summarise(self, wall_time: float) -> dict[str, Any]:
-        rd = self.run_dir
-        steps = rd.eval_steps()
-        metrics = rd.read_metrics()
-        summary: dict[str, Any] = {
-            "run_dir": str(rd.path),
-            "steps": len(metrics),
-            "wall_time_s_this_session": wall_time,
-            "train_time_s": float(sum(m.get("time_step", 0.0) for m in metrics)),
-            "tokens_per_s": float(np.mean([m["tokens_per_s"] for m in metrics])) if metrics else math.nan,
-        }
-        lines = [f"# Run {rd.name}", "", f"recipe `{self.cfg.recipe}`, task `{self.task.name}`, "
-                 f"model `{self.cfg.model.path}`, {len(metrics)} steps", ""]
-        if len(steps) >= 2:
-            first, last = rd.read_eval_details(steps[0]), rd.read_eval_details(steps[-1])
-            by_id = {r["id"]: r for r in first}
-            pairs = [(by_id[r["id"]], r) for r in last if r["id"] in by_id]
-            diff = paired_bootstrap_diff([float(a["correct"]) for a, _ in pairs],
-                                         [float(b["correct"]) for _, b in pairs], seed=self.cfg.trainer.seed)
-            summary["heldout_accuracy"] = diff
-            lines += [
-                f"Held-out accuracy (greedy, fully correct answers, {diff['n']} prompts): "
-                f"{diff['before']:.3f} at step {steps[0]} -> {diff['after']:.3f} at step {steps[-1]}",
-                f"Difference {diff['diff']:+.3f}, 95% paired bootstrap interval "
-                f"[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]"
-                + (" (excludes zero)" if diff["excludes_zero"] else " (includes zero)"),
-            ]
-            fixed = [b for a, b in pairs if b["correct"] and not a["correct"]][:3]
-            if fixed:
-                lines += ["", "Answers that became correct:"]
-                lines += [f"- `{b['id']}` expected `{b['answer']}`, got: {b['completion'][:200]!r}" for b in fixed]
-        rd.write_summary(summary, "\n".join(lines) + "\n")
-        return summary

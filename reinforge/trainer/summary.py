@@ -1,0 +1,101 @@
+"""A finished run's summary (summary.md / summary.json): held-out accuracy before and after training
+with a paired bootstrap interval of the gain, the answers that became correct, and the run's
+config segments.
+
+The before/after pair comes from one *evaluation regime*: when a resume changed what the held-out
+evaluation measures (the task, the reward, the answer length, the prompt count; see
+``resume.EVAL_KEYS``), only the evaluations made since are paired, since earlier ones scored other
+prompts or scored them otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..evaluation import paired_bootstrap_diff
+from ..tracking import RunDir
+from ..tracking.segments import Segment, read_segments
+from .resume import EVAL_KEYS, _under
+
+__all__ = ["write_run_summary", "eval_regime_start"]
+
+
+def eval_regime_start(segments: list[Segment]) -> tuple[int, Segment | None]:
+    """(first step whose evaluations belong to the current regime, the segment that began it or
+    None). Step 0 (the evaluation before training) belongs to the first regime only."""
+    for seg in reversed(segments[1:]):
+        if any(_under(c.key, EVAL_KEYS) for c in seg.changes):
+            return seg.from_step, seg
+    return 0, None
+
+
+def _segment_lines(segments: list[Segment], last_step: int) -> list[str]:
+    if len(segments) < 2:
+        return []
+    lines = ["", "Config segments (a resume changed the config; segments.json has each whole config):"]
+    for i, seg in enumerate(segments):
+        end = segments[i + 1].from_step - 1 if i + 1 < len(segments) else last_step
+        span = f"steps {seg.from_step}-{end}" if end >= seg.from_step else f"from step {seg.from_step}"
+        if i == 0:
+            lines.append(f"- {span}: the config the run started with")
+        else:
+            lines.append(f"- {span}: " + "; ".join(f"`{c.key}` {c.describe().split(': ', 1)[1]}"
+                                                   for c in seg.changes))
+    return lines
+
+
+def write_run_summary(run_dir: RunDir, *, recipe: str, task_name: str, model_path: str, seed: int,
+                      wall_time: float) -> dict[str, Any]:
+    """Write summary.json and summary.md from the run directory; returns the summary dict."""
+    rd = run_dir
+    metrics = rd.read_metrics()
+    segments = read_segments(rd)
+    last_step = max((int(m["step"]) for m in metrics if "step" in m), default=0)
+    summary: dict[str, Any] = {
+        "run_dir": str(rd.path),
+        "steps": len(metrics),
+        "wall_time_s_this_session": wall_time,
+        "train_time_s": float(sum(m.get("time_step", 0.0) for m in metrics)),
+        "tokens_per_s": float(np.mean([m["tokens_per_s"] for m in metrics])) if metrics else math.nan,
+    }
+    if len(segments) > 1:
+        summary["segments"] = [{"from_step": s.from_step, "changes": [c.to_dict() for c in s.changes]}
+                               for s in segments]
+    lines = [f"# Run {rd.name}", "", f"recipe `{recipe}`, task `{task_name}`, model `{model_path}`, "
+             f"{len(metrics)} steps", ""]
+    start, changed_by = eval_regime_start(segments)
+    steps = [s for s in rd.eval_steps() if s >= start]
+    pairs: list[tuple[dict, dict]] = []
+    if len(steps) >= 2:
+        first, last = rd.read_eval_details(steps[0]), rd.read_eval_details(steps[-1])
+        by_id = {r["id"]: r for r in first}
+        pairs = [(by_id[r["id"]], r) for r in last if r["id"] in by_id]
+    if pairs:
+        diff = paired_bootstrap_diff([float(a["correct"]) for a, _ in pairs],
+                                     [float(b["correct"]) for _, b in pairs], seed=seed)
+        summary["heldout_accuracy"] = {**diff, "from_step": steps[0], "to_step": steps[-1]}
+        lines += [
+            f"Held-out accuracy (greedy, fully correct answers, {diff['n']} prompts): "
+            f"{diff['before']:.3f} at step {steps[0]} -> {diff['after']:.3f} at step {steps[-1]}",
+            f"Difference {diff['diff']:+.3f}, 95% paired bootstrap interval "
+            f"[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]"
+            + (" (excludes zero)" if diff["excludes_zero"] else " (includes zero)"),
+        ]
+        fixed = [b for a, b in pairs if b["correct"] and not a["correct"]][:3]
+        if fixed:
+            lines += ["", "Answers that became correct:"]
+            lines += [f"- `{b['id']}` expected `{b['answer']}`, got: {b['completion'][:200]!r}" for b in fixed]
+    elif changed_by is not None:
+        keys = ", ".join(f"`{c.key}`" for c in changed_by.changes if _under(c.key, EVAL_KEYS))
+        lines.append(f"Held-out accuracy: no before/after comparison, because the evaluation changed at step "
+                     f"{changed_by.from_step} ({keys}) and {len(steps)} evaluation(s) were made since; "
+                     "two are needed.")
+    elif len(steps) >= 2:
+        lines.append(f"Held-out accuracy: no before/after comparison: the evaluations at steps {steps[0]} and "
+                     f"{steps[-1]} share no prompt.")
+    lines += _segment_lines(segments, last_step)
+    rd.write_summary(summary, "\n".join(lines) + "\n")
+    return summary
