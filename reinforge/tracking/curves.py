@@ -17,18 +17,12 @@ __all__ = ["plot_learning_curves", "CURVES_FILE"]
 
 CURVES_FILE = "learning_curves.png"
 
-# Metric names looked for, first match wins. The trainer should log one of these.
-TRAIN_REWARD_KEYS = ("reward_mean", "reward/mean", "train/reward_mean", "reward")
-TRAIN_ACCURACY_KEYS = ("accuracy", "accuracy_mean", "train/accuracy")
-LENGTH_KEYS = (
-    "completion_length_mean",
-    "completion_length",
-    "completion_len_mean",
-    "response_length_mean",
-    "length_mean",
-)
-LOSS_KEYS = ("loss", "policy_loss", "loss/policy")
-KL_KEYS = ("kl", "kl_mean", "loss/kl")
+# The trainer's metric names that the curves plot (a panel is left out when its metric is absent).
+TRAIN_REWARD_KEYS = ("reward_mean",)
+TRAIN_ACCURACY_KEYS = ("accuracy",)
+LENGTH_KEYS = ("completion_length",)
+LOSS_KEYS = ("loss",)
+KL_KEYS = ("kl",)
 
 
 def _segment_starts(run: RunDir) -> list[int]:
