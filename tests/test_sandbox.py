@@ -200,7 +200,7 @@ def test_best_effort_without_namespaces_warns_and_still_enforces_limits(monkeypa
             Sandbox(isolation="best_effort")
     with pytest.warns(RuntimeWarning, match="WITHOUT namespaces.*read and write your files"):
         sb = Sandbox(SandboxLimits(timeout_s=1.0, memory_mb=256), isolation="best_effort", python=python)
-    assert sb.mechanisms == {"namespaces": False, "seccomp": True}
+    assert (sb.mechanisms["namespaces"], sb.mechanisms["seccomp"]) == (False, True)
     r = sb.run(_py(sb, "import os; print(os.getcwd()); open('x', 'w').write('1')"))
     workdir = r.stdout.decode().strip()
     assert r.ok and "reinforge-sandbox-" in workdir and not os.path.exists(workdir)  # removed after
@@ -309,9 +309,9 @@ def corpus_runs(host):
         head = _header(text)
         meta = ADD if head["mode"] == "function" else SHOUT
         example = Example(f"corpus/{path.stem}", [], None, meta)
-        code, spec, problem = verifier._plan(f"```python\n{text}```", example)
+        code, problem = verifier._plan(f"```python\n{text}```", example)
         plans[path.stem] = (head, problem, example, len(jobs))
-        jobs.append(verifier._job(code, spec, problem))
+        jobs.append(verifier._job(code, problem))
     t0 = time.monotonic()
     runs = verifier.sandbox.map(jobs)
     elapsed = time.monotonic() - t0
@@ -333,11 +333,13 @@ def test_corpus_program_is_contained_and_scores_zero(name, corpus_runs, host):
     head, result, run, job = corpus_runs[0][name]
     assert result.score == 0.0 and result.correct is False, (head["attack"], result.details)
     assert re.search(head["expect"], result.details["reason"]), (head["attack"], result.details["reason"])
-    produced = run.stdout + run.stderr + run.results
+    cases = run.cases or [run]
+    produced = b"".join(c.stdout + c.stderr + c.results for c in cases)
     for secret in host["secrets"]:
         assert secret not in produced, (head["attack"], secret)
-    assert run.wall_s <= job.timeout_s + 1.0  # every run ended within its limit
-    assert run.status != "setup_error", run.reason
+    for case, spec in zip(cases, job.case_list()):  # every case ended within its own limit
+        assert case.wall_s <= spec.timeout_s + 0.5, (head["attack"], case.wall_s)
+        assert case.status != "setup_error", case.reason
 
 
 def test_host_and_trainer_untouched_by_the_corpus(corpus_runs, host):
