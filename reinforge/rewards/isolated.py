@@ -38,6 +38,14 @@ from reinforge.tasks.base import Example, Task
 logger = logging.getLogger(__name__)
 
 _WORKER = Path(__file__).with_name("scorer_worker.py")
+# reasoning-gym 0.1.25's tasks whose scorer evaluates the answer text: eval() (the first four),
+# sympy's parse_expr (the rest; parse_expr itself calls eval). Found by scanning every dataset's
+# scorer on marked answers (tests/scan_evaluating_scorers.py, checked by the test suite).
+EVALUATING_SCORERS = frozenset({
+    "binary_matrix", "n_queens", "spiral_matrix", "string_insertion",
+    "countdown", "intermediate_integration", "polynomial_multiplication", "puzzle24",
+    "simple_integration",
+})
 _REPLY_CAP = 4096  # a reply is one short JSON line
 _START_TIMEOUT_S = 180.0  # importing reasoning-gym on a busy machine; a bound, not a target
 
@@ -282,5 +290,5 @@ def wait_ready(scorer: IsolatedScorer) -> None:
                 w._start()
 
 
-__all__ = ["IsolatedScorer", "ScorerError", "ScorerFailure", "ScorerPool", "needs_isolation",
+__all__ = ["EVALUATING_SCORERS", "IsolatedScorer", "ScorerError", "ScorerFailure", "ScorerPool", "needs_isolation",
            "wait_ready"]
