@@ -198,13 +198,25 @@ class ScorerPool:
 
     @classmethod
     def shared(cls, *, workers: int | None, memory_mb: int, isolation: str) -> "ScorerPool":
-        key = (workers, int(memory_mb), isolation)
+        key = (int(workers or min(default_workers(), 4)), int(memory_mb), isolation)
         with cls._shared_lock:
             pool = cls._shared.get(key)
             if pool is None:
                 pool = cls._shared[key] = cls(workers=workers, memory_mb=memory_mb,
                                               isolation=isolation)
             return pool
+
+    def ensure_started(self) -> None:
+        """Start the first worker now, so that a worker that cannot start (a missing mechanism,
+        a broken install) fails the reward's construction with its reason, not every sample."""
+        w = self._workers[0]
+        with w.lock:
+            if w.proc is None or not w.proc.alive:
+                w.kill()
+                try:
+                    w._start()
+                except ScorerFailure as err:
+                    raise RuntimeError(f"the isolated scoring pool cannot start: {err}") from None
 
     def failed(self, kind: str, message: str) -> ScorerFailure:
         with self._lock:
@@ -267,6 +279,7 @@ class IsolatedScorer:
         self.task = task
         self.timeout_s = float(timeout_s)
         self.pool = ScorerPool.shared(workers=workers, memory_mb=memory_mb, isolation=isolation)
+        self.pool.ensure_started()
         self._key = _dataset_key(task)
 
     def score_batch(self, answers: Sequence[str], examples: Sequence[Example]
@@ -281,14 +294,5 @@ class IsolatedScorer:
         return out
 
 
-def wait_ready(scorer: IsolatedScorer) -> None:
-    """Start every worker of the scorer's pool now (tests, benchmarks: keep start-up out of a
-    measurement)."""
-    for w in scorer.pool._workers:
-        with w.lock:
-            if w.proc is None:
-                w._start()
-
-
-__all__ = ["EVALUATING_SCORERS", "IsolatedScorer", "ScorerError", "ScorerFailure", "ScorerPool", "needs_isolation",
-           "wait_ready"]
+__all__ = ["EVALUATING_SCORERS", "IsolatedScorer", "ScorerError", "ScorerFailure", "ScorerPool",
+           "needs_isolation"]

@@ -31,8 +31,7 @@ import os
 import pickle
 import sys
 
-_MAX_EXPONENT = 10_000  # beyond it an integer power or shift is refused, not computed
-_MAX_SHIFT = 100_000
+_MAX_RESULT_BITS = 1 << 22  # an integer power or shift past this size is refused, not computed
 
 
 _real_eval = builtins.eval
@@ -44,7 +43,7 @@ class Blocked(Exception):
 
 # -- the tripwire ------------------------------------------------------------------------------
 
-_state = {"armed": False, "trusted": 0, "blocked": None, "scorers": "\0"}
+_state = {"armed": False, "trusted": 0, "blocked": None, "codegen": frozenset()}
 _REFUSED_PREFIXES = ("ctypes.", "socket.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn",
                      "os.fork", "os.system", "pickle.", "code.__new__",
                      "function.__new__")
@@ -55,15 +54,28 @@ def _is_module_file(path):
 
 
 def _untrusted_caller(depth):
-    """Whether the Python code `depth` frames above the caller is where an answer flows into
-    eval: a scorer (reasoning-gym's own files) or code that was itself compiled at run time.
-    Libraries' own code generation (namedtuple, dataclasses, sympy's polynomial kernels) is
-    not: it compiles source built from its own templates."""
+    """Whether the Python code `depth` frames above the caller may be passing an answer to
+    eval or compile: anything but the known code generators, which compile source built from
+    their own templates and names they checked (namedtuple, dataclasses, sympy's polynomial
+    kernels; reasoning-gym's scorers use them through sympy). Deny by default: a library not
+    listed here that evaluates strings gets the safe evaluator, or trips the wire."""
     try:
         path = sys._getframe(depth + 1).f_code.co_filename
     except ValueError:
         return True
-    return not _is_module_file(path) or path.startswith(_state["scorers"])
+    return path not in _state["codegen"]
+
+
+def _codegen_files():
+    import collections
+    import dataclasses
+
+    import sympy
+
+    polys = os.path.join(os.path.dirname(sympy.__file__), "polys")
+    return frozenset({collections.__file__, dataclasses.__file__,
+                      *(os.path.join(polys, f) for f in ("monomials.py", "ring_series.py",
+                                                         "polyconfig.py"))})
 
 
 def _audit(event, args):
@@ -71,11 +83,11 @@ def _audit(event, args):
         return
     if event == "compile":
         if _state["trusted"] or _is_module_file(args[1]) or not _untrusted_caller(1):
-            return  # our own ast.parse, an import compiling a module, a library's codegen
+            return  # our own ast.parse, an import compiling a module, a code generator
         _refuse(f"compiling code ({args[1]})")
     elif event == "exec":
         if _is_module_file(getattr(args[0], "co_filename", None)) or not _untrusted_caller(1):
-            return  # an import running a module, a library's codegen
+            return  # an import running a module, a code generator
         _refuse("running code")
     elif event.startswith(_REFUSED_PREFIXES):
         _refuse(event)
@@ -122,18 +134,20 @@ def _is_number(value):
 
 
 def _check_power(op, left, right):
-    """Refuse integer powers and shifts whose result would be astronomically large."""
+    """Refuse integer powers and shifts whose result would be astronomically large (a formula,
+    not code, can still ask for 9**9**9)."""
     if op not in (ast.Pow, ast.LShift) or not (_is_number(left) and _is_number(right)):
         return
     try:
-        big_base = bool(abs(left) > 1)
-        exponent = abs(int(right)) if right == int(right) else 0
+        if right != int(right) or left != int(left):
+            return  # a float or fraction power: overflows or stays small
+        bits, exponent = abs(int(left)).bit_length(), abs(int(right))
     except (TypeError, ValueError, OverflowError):
         return
-    if op is ast.Pow and big_base and exponent > _MAX_EXPONENT:
-        raise ValueError(f"exponent {exponent} is too large to evaluate")
-    if op is ast.LShift and exponent > _MAX_SHIFT:
-        raise ValueError(f"shift by {exponent} is too large to evaluate")
+    if op is ast.Pow and bits > 1 and bits * exponent > _MAX_RESULT_BITS:
+        raise ValueError(f"an integer power of about {bits * exponent} bits is too large to evaluate")
+    if op is ast.LShift and bits + exponent > _MAX_RESULT_BITS:
+        raise ValueError(f"a shift to about {bits + exponent} bits is too large to evaluate")
 
 
 def _plain_value(node):
@@ -162,8 +176,8 @@ def _plain_value(node):
 
 
 def safe_eval(source, globals=None, locals=None):  # noqa: A002 - eval's own signature
-    """eval() for scorers: the value of a literal or arithmetic expression, never code. A
-    library's own code generation (see _untrusted_caller) keeps the real eval."""
+    """eval() for scorers: the value of a literal or arithmetic expression, never code. The
+    known code generators (see _untrusted_caller) keep the real eval."""
     if not _untrusted_caller(1):
         return _real_eval(source, globals, locals)
     if isinstance(source, bytes):
@@ -393,7 +407,7 @@ def main():
         _install_sympy()  # before reasoning-gym's modules import parse_expr by name
         import reasoning_gym  # noqa: F401 - registers every dataset
 
-        _state["scorers"] = os.path.dirname(reasoning_gym.__file__) + os.sep
+        _state["codegen"] = _codegen_files()
 
         builtins.eval = safe_eval  # after: some modules eval their own constants at import
     except BaseException as e:  # noqa: BLE001

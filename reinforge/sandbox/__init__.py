@@ -441,8 +441,7 @@ class Sandbox:
                                        f"reinforge-{os.getpid()}-{next(_run_ids)}-{secrets.token_hex(4)}")
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
-        cmd = [self._launcher_python, "-I", "-S", "-B", "-c", _launcher_source(), str(status_w),
-               str(report_w)]
+        cmd = [self._launcher_python, "-I", "-S", "-B", "-c", _BOOTSTRAP, str(status_w), str(report_w)]
         try:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE if interactive else subprocess.DEVNULL,
@@ -456,7 +455,7 @@ class Sandbox:
         finally:
             os.close(status_w)
             os.close(report_w)
-        header = self._spec(job, mech, cases, interactive, cgroup_path)
+        header = _launcher_code() + self._spec(job, mech, cases, interactive, cgroup_path)
         return proc, status_r, report_r, header, cases, cgroup_path
 
     def _run(self, job: Job, mech: dict) -> ExecResult:
@@ -484,13 +483,29 @@ class Sandbox:
         return _results(out, overflow, backstop, self.limits, cases, time.monotonic() - start)
 
 
-def _launcher_source() -> str:
-    return _launcher_text()
+# The launcher is compiled once here and sent ahead of its instructions; this bootstrap (what
+# /proc/1/cmdline shows inside) reads and runs it, so a run pays no compilation.
+_BOOTSTRAP = """import marshal, os
+def read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            raise SystemExit(125)
+        data += chunk
+    return data
+line = b""
+while not line.endswith(b"\\n"):
+    line += read(1)
+exec(marshal.loads(read(int(line))), {"__name__": "__main__"})
+"""
 
 
-def _launcher_text(_cache: list = []) -> str:  # noqa: B006 - read once
+def _launcher_code(_cache: list = []) -> bytes:  # noqa: B006 - compiled once
     if not _cache:
-        _cache.append(_LAUNCHER.read_text(encoding="utf-8"))
+        code = compile(_LAUNCHER.read_text(encoding="utf-8"), "reinforge/sandbox/launcher.py", "exec")
+        data = marshal.dumps(code)
+        _cache.append(str(len(data)).encode() + b"\n" + data)
     return _cache[0]
 
 
@@ -922,7 +937,9 @@ def _unavailable_message(ns_error: str | None, seccomp_error: str | None) -> str
         parts.append(f"  seccomp: {seccomp_error}.")
     parts.append(
         "  To run anyway with weaker isolation (rlimits, timeouts, a private working directory; "
-        "without namespaces the code can read and write your files), set the code verifier's "
-        "option isolation: best_effort (Sandbox(isolation='best_effort')). See docs/sandbox.md."
+        "without namespaces the code can read and write your files), set the verifier's option "
+        "isolation: best_effort (reward.verifiers[].options.isolation, for the code verifier and "
+        "for the task verifier's scoring workers; Sandbox(isolation='best_effort')). See "
+        "docs/sandbox.md."
     )
     return "\n".join(parts)
