@@ -17,7 +17,6 @@ reinforge/rewards/isolated.py).
 from __future__ import annotations
 
 import json
-import marshal
 import math
 import re
 from collections.abc import Sequence
@@ -238,18 +237,18 @@ class CodeVerifier:
         return code, problem
 
     def _job(self, code: str, problem: CodeProblem) -> Job:
-        """One case per test, each a fresh interpreter given only that test's input: expected
-        outputs never enter the sandbox."""
+        """One case per test, each a new process (a fork of the sandbox's runner running the
+        harness) given only that test's input: expected outputs never enter the sandbox."""
         argv = [self.sandbox.python, "-I", "-S", "-B", "-c", _harness_source(), problem.mode]
         if problem.mode == "function":
-            cases = [Case(stdin=marshal.dumps({"entry_point": problem.entry_point,
-                                               "args": list(t.get("args", [])),
-                                               "kwargs": dict(t.get("kwargs", {}))}),
+            cases = [Case(harness={"mode": "function", "entry_point": problem.entry_point,
+                                   "args": list(t.get("args", [])), "kwargs": dict(t.get("kwargs", {}))},
                           timeout_s=self.timeout_s, result_channel=True, capture_stdout=False,
                           max_result_bytes=result_cap(t["expected"]))
                      for t in problem.tests]
         else:
-            cases = [Case(stdin=str(t.get("stdin", "")).encode("utf-8"), timeout_s=self.timeout_s)
+            cases = [Case(stdin=str(t.get("stdin", "")).encode("utf-8"), timeout_s=self.timeout_s,
+                          harness={"mode": "stdio"})
                      for t in problem.tests]
         return Job(argv, files={SOLUTION_FILE: code}, cases=cases, stderr_tail=8192)
 

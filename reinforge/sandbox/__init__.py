@@ -146,7 +146,9 @@ class Case:
 
     capture_stdout False sends stdout to /dev/null. result_channel gives the program fd 3 as a
     pipe to the caller (ExecResult.results), read up to max_result_bytes (None: the sandbox's
-    max_output_bytes)."""
+    max_output_bytes). harness: instead of executing argv, run sandbox/harness.py with this job
+    ({"mode": "function" | "stdio", ...}) in a fork of the runner's own interpreter (a new
+    process like any other case, without an interpreter start-up; the code verifier's way)."""
 
     stdin: bytes = b""
     argv: Sequence[str] | None = None
@@ -154,6 +156,7 @@ class Case:
     result_channel: bool = False
     max_result_bytes: int | None = None
     capture_stdout: bool = True
+    harness: dict | None = None
 
 
 @dataclass
@@ -408,7 +411,7 @@ class Sandbox:
         timeout = case.timeout_s or self.limits.timeout_s
         return {"argv": list(case.argv or job.argv), "stdin": bytes(case.stdin), "caps": caps,
                 "timeout_s": None if math.isinf(timeout) else float(timeout),
-                "stderr_keep": job.stderr_tail}
+                "stderr_keep": job.stderr_tail, "harness": case.harness}
 
     def _spec(self, job: Job, mech: dict, cases: list[dict], interactive: bool,
               cgroup_path: str | None) -> bytes:
@@ -425,6 +428,7 @@ class Sandbox:
             "libseccomp": _LIBSECCOMP,
             "cases": cases,
             "interactive": interactive,
+            "harness_code": _harness_code() if any(c["harness"] for c in cases) else None,
             "cgroup": None if cgroup_path is None else {
                 "path": cgroup_path, "version": mech["memory_cgroup"]["version"],
                 "limit": self.limits.memory_bound_mb << 20},
@@ -506,6 +510,13 @@ def _launcher_code(_cache: list = []) -> bytes:  # noqa: B006 - compiled once
         code = compile(_LAUNCHER.read_text(encoding="utf-8"), "reinforge/sandbox/launcher.py", "exec")
         data = marshal.dumps(code)
         _cache.append(str(len(data)).encode() + b"\n" + data)
+    return _cache[0]
+
+
+def _harness_code(_cache: list = []) -> bytes:  # noqa: B006 - compiled once
+    if not _cache:
+        source = _LAUNCHER.with_name("harness.py").read_text(encoding="utf-8")
+        _cache.append(marshal.dumps(compile(source, "harness.py", "exec")))
     return _cache[0]
 
 
