@@ -185,23 +185,23 @@ def main() -> None:
     tmp_out.write_text(json.dumps(history, indent=2))
     tmp_out.replace(out)
 
-    rows = [
-        ("task verifier, leg_counting, samples/s", "task_leg_counting_per_s", "{:.0f}"),
-        ("task verifier, polynomial_multiplication (sympy), samples/s", "task_polynomial_multiplication_per_s", "{:.0f}"),
-        ("code verifier, 6-test function problem, completions/s", "code_function6_per_s", "{:.1f}"),
-        ("code verifier, 4-test stdin/stdout problem, completions/s", "code_stdio4_per_s", "{:.1f}"),
-        ("training step, code task (8 completions), s", "step_code_s", "{:.2f}"),
-        ("  of which scoring, s", "step_code_reward_s", "{:.2f}"),
-        ("training step, leg_counting (8 completions), s", "step_leg_counting_s", "{:.2f}"),
-        ("  of which scoring, s", "step_leg_counting_reward_s", "{:.3f}"),
+    rows = [  # label, key, format, scale
+        ("task verifier, leg_counting, samples/s", "task_leg_counting_per_s", "{:.0f}", 1),
+        ("task verifier, polynomial_multiplication (sympy), samples/s", "task_polynomial_multiplication_per_s", "{:.0f}", 1),
+        ("code verifier, 6-test function problem, completions/s", "code_function6_per_s", "{:.1f}", 1),
+        ("code verifier, 4-test stdin/stdout problem, completions/s", "code_stdio4_per_s", "{:.1f}", 1),
+        ("training step, code task (8 completions), s", "step_code_s", "{:.2f}", 1),
+        ("  of which scoring, ms", "step_code_reward_s", "{:.0f}", 1000),
+        ("training step, leg_counting (8 completions), s", "step_leg_counting_s", "{:.2f}", 1),
+        ("  of which scoring, ms", "step_leg_counting_reward_s", "{:.2f}", 1000),
     ]
     names = list(trees)
     print(f"machine: {record['machine']['cpu']}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"Python {platform.python_version()}; {args.rounds} rounds, medians\n")
     print("| | " + " | ".join(names) + (" | after / before |" if "before" in med else " |"))
     print("|---" * (len(names) + 1 + ("before" in med)) + "|")
-    for label, key, fmt in rows:
-        cells = [fmt.format(med[n][key]) for n in names]
+    for label, key, fmt, scale in rows:
+        cells = [fmt.format(scale * med[n][key]) for n in names]
         ratio = f" | {med['after'][key] / med['before'][key]:.2f}x" if "before" in med and med["before"][key] else ""
         print(f"| {label} | " + " | ".join(cells) + ratio + " |")
     print(f"\nreward errors in the training runs: " + ", ".join(
