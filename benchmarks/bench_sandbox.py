@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reinforge.rewards.code import SOLUTION_FILE, CodeVerifier, _harness_source  # noqa: E402
+from reinforge.rewards.code import SOLUTION_FILE, CodeVerifier  # noqa: E402
+from reinforge.sandbox import _harness_text as _harness_source  # noqa: E402
 from reinforge.sandbox import Job, Sandbox, SandboxLimits, default_workers  # noqa: E402
 from reinforge.tasks.base import Example  # noqa: E402
 

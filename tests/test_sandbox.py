@@ -212,6 +212,8 @@ def test_best_effort_without_namespaces_warns_and_still_enforces_limits(monkeypa
     code = f"import os, time\nif os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '60', '{marker}'])\n"
     assert sb.run(_py(sb, code)).ok
     assert not _processes_with(marker)  # the process group is killed when the program ends
+    r = sb.run_job(_harness_job())  # the code verifier's harness: a fresh interpreter here
+    assert [c.results for c in r.cases] == [b"ok\n5", b"ok\n-1"], [c.reason for c in r.cases]
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -383,6 +385,22 @@ def test_each_case_is_a_fresh_process_in_a_fresh_working_directory(sb):
     lines = [c.stdout.decode().split() for c in r.cases]
     assert [ln[1:] for ln in lines] == [["['given.txt']", s] for s in ("first", "second", "third")]
     assert len({ln[0] for ln in lines}) == 3  # a new process each time
+
+
+def _harness_job() -> Job:
+    cases = [Case(harness={"mode": "function", "entry_point": "add", "args": args, "kwargs": {}},
+                  result_channel=True, capture_stdout=False) for args in ([2, 3], [1, -2])]
+    return Job(["unused"], files={"solution.py": "def add(a, b):\n    return a + b\n"}, cases=cases)
+
+
+def test_the_harness_runs_in_a_fork_of_the_runner_one_process_per_case(sb):
+    r = sb.run_job(_harness_job())
+    assert [c.results for c in r.cases] == [b"ok\n5", b"ok\n-1"], [c.reason for c in r.cases]
+    code = "import os\ndef add(a, b):\n    return [os.getpid(), os.getppid()]\n"
+    job = _harness_job()
+    job.files["solution.py"] = code
+    pids = [c.results for c in sb.run_job(job).cases]
+    assert pids[0] != pids[1] and all(p.endswith(b", 1]") for p in pids)  # new processes; pid 1 runs them
 
 
 def test_case_limits_and_a_case_that_never_ran():

@@ -20,8 +20,6 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from reinforge.sandbox import Case, ExecResult, Job, Sandbox, SandboxLimits
@@ -35,11 +33,6 @@ _PYTHON_LANGS = {"", "python", "py", "python3", "py3", "pycon", "ipython"}
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.S | re.M)
 _OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n", re.M)
 SOLUTION_FILE = "solution.py"
-
-
-@lru_cache(maxsize=1)
-def _harness_source() -> str:
-    return (Path(__file__).parents[1] / "sandbox" / "harness.py").read_text(encoding="utf-8")
 
 
 def extract_code(completion: str, entry_point: str | None = None) -> str | None:
@@ -239,7 +232,7 @@ class CodeVerifier:
     def _job(self, code: str, problem: CodeProblem) -> Job:
         """One case per test, each a new process (a fork of the sandbox's runner running the
         harness) given only that test's input: expected outputs never enter the sandbox."""
-        argv = [self.sandbox.python, "-I", "-S", "-B", "-c", _harness_source(), problem.mode]
+        argv = [self.sandbox.python]  # unused: each case names the harness (Case.harness)
         if problem.mode == "function":
             cases = [Case(harness={"mode": "function", "entry_point": problem.entry_point,
                                    "args": list(t.get("args", [])), "kwargs": dict(t.get("kwargs", {}))},

@@ -402,16 +402,24 @@ class Sandbox:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _case_spec(self, job: Job, case: Case) -> dict:
+    def _case_spec(self, job: Job, case: Case, mech: dict) -> dict:
+        argv, stdin, harness = list(case.argv or job.argv), bytes(case.stdin), case.harness
+        # The runner's interpreter can run the harness only where the program would see that
+        # same interpreter: with namespaces (its installation is bound) and no other python=.
+        if harness is not None and not (mech["namespaces"] and self.python == self._launcher_python):
+            argv = [self.python, "-I", "-S", "-B", "-c", _harness_text(), harness["mode"]]
+            if harness["mode"] == "function":
+                stdin = marshal.dumps({k: v for k, v in harness.items() if k != "mode"})
+            harness = None
         caps = {"stderr": self.limits.max_output_bytes}
         if case.capture_stdout:
             caps["stdout"] = self.limits.max_output_bytes
         if case.result_channel:
             caps["results"] = case.max_result_bytes or self.limits.max_output_bytes
         timeout = case.timeout_s or self.limits.timeout_s
-        return {"argv": list(case.argv or job.argv), "stdin": bytes(case.stdin), "caps": caps,
+        return {"argv": argv, "stdin": stdin, "caps": caps,
                 "timeout_s": None if math.isinf(timeout) else float(timeout),
-                "stderr_keep": job.stderr_tail, "harness": case.harness}
+                "stderr_keep": job.stderr_tail, "harness": harness}
 
     def _spec(self, job: Job, mech: dict, cases: list[dict], interactive: bool,
               cgroup_path: str | None) -> bytes:
@@ -437,8 +445,8 @@ class Sandbox:
         return str(len(data)).encode() + b"\n" + data
 
     def _launch(self, job: Job, mech: dict, interactive: bool):
-        cases = [self._case_spec(job, c) for c in ([Case(timeout_s=job.timeout_s)] if interactive
-                                                  else job.case_list())]
+        cases = [self._case_spec(job, c, mech) for c in ([Case(timeout_s=job.timeout_s)] if interactive
+                                                        else job.case_list())]
         cgroup_path = None
         if mech.get("memory_cgroup"):
             cgroup_path = os.path.join(mech["memory_cgroup"]["parent"],
@@ -513,10 +521,15 @@ def _launcher_code(_cache: list = []) -> bytes:  # noqa: B006 - compiled once
     return _cache[0]
 
 
+def _harness_text(_cache: list = []) -> str:  # noqa: B006 - read once
+    if not _cache:
+        _cache.append(_LAUNCHER.with_name("harness.py").read_text(encoding="utf-8"))
+    return _cache[0]
+
+
 def _harness_code(_cache: list = []) -> bytes:  # noqa: B006 - compiled once
     if not _cache:
-        source = _LAUNCHER.with_name("harness.py").read_text(encoding="utf-8")
-        _cache.append(marshal.dumps(compile(source, "harness.py", "exec")))
+        _cache.append(marshal.dumps(compile(_harness_text(), "harness.py", "exec")))
     return _cache[0]
 
 

@@ -22,7 +22,8 @@ isolation "full" (the default), in this order:
      inode-limited tmpfs /tmp as the working directory; pivot_root and detach the host root; drop
      to the unprivileged id (which drops every capability); parent-death signal; not dumpable.
      Then it stays pid 1 as the RUNNER: for each case it forks the program (rlimits,
-     no_new_privs, a seccomp filter, exec), feeds its stdin, reads its output up to the caps,
+     no_new_privs, a seccomp filter, exec; or, for the code verifier's harness, the fork runs
+     it with this interpreter, sparing a start-up per case), feeds its stdin, reads its output up to the caps,
      enforces the case's wall-clock limit, then kills everything else in the namespace and
      resets /tmp before the next case. As pid 1 it cannot be signalled from inside the
      namespace (the kernel drops such signals, SIGKILL and SIGSTOP included), and not being
