@@ -555,11 +555,17 @@ def test_memory_cgroup_bounds_the_whole_run():
         pytest.skip("no memory cgroup on this machine (docs/sandbox.md: rlimits alone bound a run)")
     code = "\n".join([  # three processes of 200 MiB: each within memory_mb, together past 300
         "import os, time",
+        "kids = []",
         "for _ in range(2):",
-        "    if os.fork() == 0:",
+        "    pid = os.fork()",
+        "    if pid == 0:",
+        "        kids = []",
         "        break",
+        "    kids.append(pid)",
         "x = bytearray(200 << 20)",
         "time.sleep(2)",
+        "for pid in kids:",
+        "    os.waitpid(pid, 0)",  # the main process ends well even if the killer chose a child
     ])
     r = sb.run(_py(sb, code))
     assert r.status == "memory_limit" and "memory cgroup" in r.reason, r.reason

@@ -710,6 +710,10 @@ def _case_result(rep: dict, limits: SandboxLimits, case: dict) -> ExecResult:
         return ExecResult("timeout", f"timeout: still running after {case['timeout_s']:g} s "
                           "(wall clock)", **common)
     code = common["exit_code"]
+    if rep.get("oom"):  # the OOM killer took some process of the case: whichever it was, the
+        # case ran out of its run's memory
+        return ExecResult("memory_limit", f"memory limit: the run's {limits.memory_bound_mb} MiB "
+                          "(memory cgroup)", **common)
     if code == 0:
         return ExecResult("ok", **common)
     tail = common["stderr"][-4000:].decode(errors="replace")
@@ -717,9 +721,6 @@ def _case_result(rep: dict, limits: SandboxLimits, case: dict) -> ExecResult:
     if code == -signal.SIGXCPU or (code == -signal.SIGKILL and rl["cpu_s"] is not None
                                    and common["cpu_s"] >= rl["cpu_s"]):
         return ExecResult("timeout", f"timeout: CPU time limit of {rl['cpu_s']} s", **common)
-    if rep.get("oom"):
-        return ExecResult("memory_limit", f"memory limit: the run's {limits.memory_bound_mb} MiB "
-                          "(memory cgroup)", **common)
     if "MemoryError" in tail or "Cannot allocate memory" in tail:
         return ExecResult("memory_limit", f"memory limit: {limits.memory_mb} MiB of address space",
                           **common)
