@@ -340,7 +340,7 @@ def test_corpus_program_is_contained_and_scores_zero(name, corpus_runs, host):
     for secret in host["secrets"]:
         assert secret not in produced, (head["attack"], secret)
     for case, spec in zip(cases, job.case_list()):  # every case ended within its own limit
-        assert case.wall_s <= spec.timeout_s + 0.5, (head["attack"], case.wall_s)
+        assert case.wall_s <= spec.timeout_s + 1.0, (head["attack"], case.wall_s)
         assert case.status != "setup_error", case.reason
 
 
@@ -411,7 +411,7 @@ def test_case_limits_and_a_case_that_never_ran():
     r = sb.run_job(Job(_py(sb, "print(input())"), cases=cases))
     assert [c.status for c in r.cases] == ["ok", "timeout", "output_limit", "timeout"]
     assert r.cases[0].stdout == b"x\n" and "0.3 s" in r.cases[3].reason
-    assert time.monotonic() - t0 < 1.0 + 0.3 + 3.0  # each case stopped at its own limit
+    assert time.monotonic() - t0 < 1.0 + 0.3 + 5.0  # each case stopped at its own limit
 
 
 def test_stderr_is_capped_per_case_not_per_run():
@@ -607,12 +607,14 @@ def test_nothing_outlives_the_run_and_the_caller_returns_at_the_limit():
         t0 = time.monotonic()
         r = sb.run(_py(sb, code), result_channel=result_channel)
         assert r.ok and r.stdout == b"parent done\n", r.reason
-        assert time.monotonic() - t0 < 1.0 + 2.0  # the program ended at once; nothing held the caller
+        # The program ended at once and nothing held the caller (a margin for a loaded machine,
+        # well below the 15 s backstop a held pipe used to cost).
+        assert time.monotonic() - t0 < 1.0 + 5.0
     loop = "\n".join(["import os", "if os.fork() == 0:", "    os.setsid()",
                       f"    os.execv('/bin/sleep', ['sleep', '600', '{marker}'])", "while True: pass"])
     t0 = time.monotonic()
     r = sb.run(_py(sb, loop))
-    assert r.status == "timeout" and time.monotonic() - t0 < 1.0 + 2.0
+    assert r.status == "timeout" and time.monotonic() - t0 < 1.0 + 5.0
     assert not _processes_with(marker)
     assert _meminfo()["Shmem"] - shmem_before < 32 << 20  # the 60 MiB in /tmp are gone
     if parent:
