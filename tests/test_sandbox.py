@@ -376,8 +376,11 @@ def test_each_case_is_a_fresh_process_in_a_fresh_working_directory(sb):
     code = "\n".join([
         "import os, sys",
         "print(os.getpid(), sorted(os.listdir('.')), sys.stdin.read())",
-        "os.makedirs('d/e', exist_ok=True); open('d/e/f', 'w').write('x'); os.chmod('d', 0)",
         "open('given.txt', 'a').write('changed')",
+        "os.makedirs('d/e', exist_ok=True); open('d/e/f', 'w').write('x'); os.chmod('d', 0)",
+        "for _ in range(1500):  # deeper than the runner may hold directories open",
+        "    os.mkdir('n'); os.chdir('n')",
+        "os.chmod('.', 0)",
     ])
     cases = [Case(stdin=b"first"), Case(stdin=b"second"), Case(stdin=b"third")]
     r = sb.run_job(Job(_py(sb, code), files={"given.txt": "hello"}, cases=cases))

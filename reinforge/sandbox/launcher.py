@@ -422,37 +422,43 @@ def _write_files(spec, directory):
 
 def _clear_dir(path):
     """Remove everything below `path` (not `path` itself), whatever the program did to it:
-    directories made unreadable, deep nesting, symlinks (never followed)."""
-    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    stack = [(top, None)]  # (directory fd, (parent fd, name) to rmdir once empty)
-    while stack:
-        fd, up = stack[-1]
+    directories made unreadable, nesting as deep as the inode limit allows, symlinks (never
+    followed). Depth-first with one open directory at a time (it climbs back through ".."), so
+    no nesting runs the runner out of descriptors."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    names = []  # the directories entered, below path
+    while True:
         sub = None
-        for entry in os.scandir(fd):
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                is_dir = False
-            if not is_dir:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    sub = entry.name
+                    break
                 try:
                     os.unlink(entry.name, dir_fd=fd)
                 except FileNotFoundError:
                     pass
-                continue
+        if sub is not None:
             try:  # a directory, not a link (every process of the case is gone: no race)
-                os.chmod(entry.name, 0o700, dir_fd=fd)
+                os.chmod(sub, 0o700, dir_fd=fd)
             except OSError:
                 pass
-            sub = (os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd),
-                   (fd, entry.name))
-            break
-        if sub is not None:
-            stack.append(sub)
+            child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            names.append(sub)
             continue
-        stack.pop()
+        if not names:
+            os.close(fd)
+            return
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
         os.close(fd)
-        if up is not None:
-            os.rmdir(up[1], dir_fd=up[0])
+        os.rmdir(names.pop(), dir_fd=parent)
+        fd = parent
 
 
 def _set_limits(limits):
