@@ -8,7 +8,7 @@ Measures, for a trivial program (`python -I -S -c pass`, the same interpreter bo
 - pool: executions per second with N workers in parallel (Sandbox.map vs. a thread pool of plain
   subprocesses);
 and, end to end, the code verifier on a 6-test function problem: completions per second through
-the sandbox vs. the same in-sandbox harness run as a plain subprocess.
+the sandbox vs. the same harness run as plain subprocesses (one per test case, as in the sandbox).
 
 Prints a Markdown table and appends the raw numbers to benchmarks/results/sandbox.json.
 """
@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reinforge.rewards.code import SOLUTION_FILE, CodeVerifier, _harness_source  # noqa: E402
+from reinforge.rewards.code import SOLUTION_FILE, CodeVerifier  # noqa: E402
+from reinforge.sandbox import _harness_text as _harness_source  # noqa: E402
 from reinforge.sandbox import Job, Sandbox, SandboxLimits, default_workers  # noqa: E402
 from reinforge.tasks.base import Example  # noqa: E402
 
@@ -55,27 +56,29 @@ def _rate(fn, n: int, workers: int) -> float:
         return n / (time.perf_counter() - t)
 
 
-def _plain_harness(python: str, spec: bytes, code: str) -> None:
-    """The verifier's harness without the sandbox: a temp dir, fd 3 as the result pipe."""
+def _plain_harness(python: str, code: str) -> None:
+    """The verifier's per-test harness without the sandbox: a temp dir, one process per test
+    case, fd 3 as its result pipe."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         Path(d, SOLUTION_FILE).write_text(code)
-        r, w = os.pipe()
-        # The harness reports on fd 3: move the pipe there first, then run the harness's text.
-        shim = "import os, sys; os.dup2(int(sys.argv[1]), 3); exec(sys.argv[2])"
-        proc = subprocess.Popen([python, "-I", "-S", "-B", "-c", shim, str(w), _harness_source()],
-                                cwd=d, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, pass_fds=(w,))
-        os.close(w)
-        proc.stdin.write(spec)
-        proc.stdin.close()
-        out = b""
-        while chunk := os.read(r, 65536):
-            out += chunk
-        os.close(r)
-        proc.wait()
-        assert out.count(b'"status": "ok"') == len(PROBLEM["tests"]), out
+        for test in PROBLEM["tests"]:
+            r, w = os.pipe()
+            # The harness reports on fd 3: move the pipe there first, then run the harness's text.
+            shim = "import os, sys; os.dup2(int(sys.argv.pop(1)), 3); exec(sys.argv.pop(1))"
+            proc = subprocess.Popen([python, "-I", "-S", "-B", "-c", shim, str(w), _harness_source(),
+                                     "function"], cwd=d, stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,))
+            os.close(w)
+            proc.stdin.write(marshal.dumps({"entry_point": "sum_list", "args": test["args"], "kwargs": {}}))
+            proc.stdin.close()
+            out = b""
+            while chunk := os.read(r, 65536):
+                out += chunk
+            os.close(r)
+            proc.wait()
+            assert out.startswith(b"ok\n"), out
 
 
 def main() -> None:
@@ -114,11 +117,8 @@ def main() -> None:
     scores = verifier.score_batch(completions, [ex] * len(completions))
     rate_verifier = len(completions) / (time.perf_counter() - t)
     assert all(s.score == 1.0 for s in scores)
-    tests = [{"args": t["args"], "kwargs": {}} for t in PROBLEM["tests"]]
-    spec = marshal.dumps({"mode": "function", "source": SOLUTION_FILE, "entry_point": "sum_list",
-                          "tests": tests, "timeout_s": 5.0, "max_bytes": 1 << 20})
     code = SOLUTION.split("\n", 1)[1].rsplit("```", 1)[0]
-    rate_harness_plain = _rate(lambda: _plain_harness(sb.python, spec, code), args.completions, workers)
+    rate_harness_plain = _rate(lambda: _plain_harness(sb.python, code), args.completions, workers)
 
     ms = lambda xs: 1000 * statistics.median(xs)  # noqa: E731
     mean = lambda xs: 1000 * statistics.fmean(xs)  # noqa: E731

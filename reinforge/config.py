@@ -149,8 +149,9 @@ class VerifierSpec(_Section):
         "'format': 1 when the completion follows the answer format; 'python': your own function "
         "given as options.function='module:function' or 'file.py:function'; 'code': runs the "
         "completion's code in a sandbox against the problem's tests (options: mode, "
-        "partial_credit, timeout_s, memory_mb, max_processes, max_output_bytes, isolation, "
-        "workers; docs/sandbox.md).",
+        "partial_credit, timeout_s, memory_mb, max_processes, max_output_bytes, total_memory_mb, "
+        "isolation, workers, scorer_timeout_s; docs/sandbox.md). reasoning-gym's scorers run in "
+        "sandboxed worker processes (task options: timeout_s, memory_mb, isolation, workers).",
     )
     weight: float = Field(1.0, description="Weight of this verifier in the summed reward.")
     options: dict[str, Any] = Field(default_factory=dict)

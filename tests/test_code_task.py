@@ -11,7 +11,7 @@ import pytest
 
 from reinforge.config import RewardConfig, VerifierSpec, build_config, load_config
 from reinforge.rewards import build_reward
-from reinforge.rewards.code import CodeVerifier, extract_code, stdout_matches, values_equal
+from reinforge.rewards.code import CodeVerifier, extract_code, result_cap, stdout_matches, values_equal
 from reinforge.tasks import CodeTask, Example, ReasoningGymTask, TaskError, build_task
 from reinforge.tasks.code_task import BUNDLED_CODE_SETS, bundled_code_path, load_code_problems
 
@@ -149,6 +149,11 @@ def test_extract_code(completion, entry, expected):
     "got, expected, equal",
     [
         (6, 6, True), (6.0, 6, True), (0.1 + 0.2, 0.3, True), (1.0, 1.001, False),
+        # an integer is compared exactly: comb(40, 20) = 137846528820, not a float 1e-6 away
+        (137846444778.7, 137846528820, False), (137846528820.0, 137846528820, True),
+        (2**60 + 1.0, 2**60 + 1, False), (0.5, 1, False),
+        (10**400, 1.5, False), (10**400, float("inf"), False), (-(10**400), 0.0, False),
+        (3, 3.0000001, True), (3, 3.1, False),
         (True, 1, False), (1, True, False), (True, True, True), (None, None, True), (0, None, False),
         ([1, 2], [1, 2], True), ([1, 2], [2, 1], False), ([[1]], [[1.0]], True),
         ({"a": 1}, {"a": 1}, True), ({"a": 1}, {"a": 1, "b": 2}, False), ("1", 1, False),
@@ -157,6 +162,10 @@ def test_extract_code(completion, entry, expected):
 )
 def test_values_equal(got, expected, equal):
     assert values_equal(got, expected) is equal
+
+
+def test_result_cap_scales_with_the_expected_value():
+    assert result_cap(5) == 4096 + 8 and result_cap("x" * 1000) == 4096 + 8 * 1002
 
 
 def test_stdout_matches_ignores_only_trailing_whitespace():
@@ -198,7 +207,7 @@ def test_reasons_are_clear(verifier):
     cases = [
         ("def add(a, b):\n    while True:\n        pass\n", ADD3, "timeout: more than 1 s"),
         ("def add(a, b):\n    return bytearray(10**11)\n", ADD3, "memory limit"),
-        ("def add(a, b):\n    return [0] * 10**4\n", ADD3, "output limit: more than 10000 bytes"),
+        ("def add(a, b):\n    return [0] * 10**4\n", ADD3, "wrong answer (the return value is far larger"),
         ("while True:\n    print('x' * 1000)\n", shout, "output limit: more than 10000 bytes"),
         ("def add(a, b):\n    return a / 0\n", ADD3, "runtime error: ZeroDivisionError: division by zero"),
         ("def add(a, b) return", ADD3, "runtime error: SyntaxError"),
@@ -212,6 +221,53 @@ def test_reasons_are_clear(verifier):
         assert r.score == 0.0 and reason in r.details["reason"], (code, r.details["reason"])
     (no_code,) = verifier.score_batch([""], [_ex(ADD3)])
     assert no_code.score == 0.0 and no_code.details["reason"] == "no code in the completion"
+
+
+def test_a_huge_integer_where_a_float_is_expected_is_a_wrong_answer(verifier):
+    half = {"id": "half", "entry_point": "half", "tests": [{"args": [1], "expected": 0.5},
+                                                          {"args": [3], "expected": 1.5}]}
+    out = verifier.score_batch([_fenced("def half(x):\n    return 10**400\n"),
+                                _fenced("def half(x):\n    return x / 2\n")], [_ex(half)] * 2)
+    assert isinstance(out[0].score, float) and out[0].score == 0.0
+    assert out[0].details["tests"] == ["wrong answer", "wrong answer"] and out[1].score == 1.0
+
+
+HONEST_STDIO = {
+    "main in a thread with a big stack": (
+        "import sys, threading\n"
+        "def main():\n    print(input().upper())\n"
+        "threading.stack_size(64 << 20)\nsys.setrecursionlimit(10**6)\n"
+        "threading.Thread(target=main).start()\n"),
+    "output from an atexit handler": (
+        "import atexit\nline = input()\natexit.register(lambda: print(line.upper()))\n"),
+    "closes stdout at the end": (
+        "import sys\nsys.stdout.write(input().upper() + '\\n')\nsys.stdout.close()\n"),
+    "buffered output and exit()": (
+        "import sys\nout = [input().upper()]\nsys.stdout.write('\\n'.join(out) + '\\n')\nexit()\n"),
+    "half a megabyte of debug output per test": (
+        "import sys\nsys.stderr.write('debug ' * 85_000)\nprint(input().upper())\n"),
+}
+
+
+@pytest.mark.parametrize("name", list(HONEST_STDIO))
+def test_honest_stdio_programs_behave_as_under_a_plain_interpreter(name, verifier):
+    shout = {"id": "s", "tests": [{"stdin": "ab\n", "stdout": "AB\n"}, {"stdin": "cd\n", "stdout": "CD\n"}]}
+    (r,) = verifier.score_batch([_fenced(HONEST_STDIO[name])], [_ex(shout)])
+    assert r.score == 1.0, r.details
+
+
+def test_the_trainer_never_parses_a_return_value_far_larger_than_expected(verifier):
+    import tracemalloc
+
+    code = _fenced("def add(a, b):\n    return [{}] * 200_000\n")  # ~1 MB of JSON per test
+    tracemalloc.start()
+    try:
+        (r,) = verifier.score_batch([code], [_ex(ADD3)])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.score == 0.0 and "far larger than the expected one" in r.details["reason"]
+    assert peak < 2 << 20  # a few kilobytes per test reach this process, never the objects
 
 
 def test_identical_programs_run_once(verifier, monkeypatch):

@@ -22,7 +22,7 @@ import pytest
 
 import reinforge.sandbox as sandbox_module
 from reinforge.rewards.code import CodeVerifier
-from reinforge.sandbox import Job, Sandbox, SandboxLimits, SandboxUnavailable
+from reinforge.sandbox import Case, Job, Sandbox, SandboxLimits, SandboxUnavailable
 from reinforge.tasks.base import Example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +200,7 @@ def test_best_effort_without_namespaces_warns_and_still_enforces_limits(monkeypa
             Sandbox(isolation="best_effort")
     with pytest.warns(RuntimeWarning, match="WITHOUT namespaces.*read and write your files"):
         sb = Sandbox(SandboxLimits(timeout_s=1.0, memory_mb=256), isolation="best_effort", python=python)
-    assert sb.mechanisms == {"namespaces": False, "seccomp": True}
+    assert (sb.mechanisms["namespaces"], sb.mechanisms["seccomp"]) == (False, True)
     r = sb.run(_py(sb, "import os; print(os.getcwd()); open('x', 'w').write('1')"))
     workdir = r.stdout.decode().strip()
     assert r.ok and "reinforge-sandbox-" in workdir and not os.path.exists(workdir)  # removed after
@@ -212,6 +212,8 @@ def test_best_effort_without_namespaces_warns_and_still_enforces_limits(monkeypa
     code = f"import os, time\nif os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '60', '{marker}'])\n"
     assert sb.run(_py(sb, code)).ok
     assert not _processes_with(marker)  # the process group is killed when the program ends
+    r = sb.run_job(_harness_job())  # the code verifier's harness: a fresh interpreter here
+    assert [c.results for c in r.cases] == [b"ok\n5", b"ok\n-1"], [c.reason for c in r.cases]
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -309,9 +311,9 @@ def corpus_runs(host):
         head = _header(text)
         meta = ADD if head["mode"] == "function" else SHOUT
         example = Example(f"corpus/{path.stem}", [], None, meta)
-        code, spec, problem = verifier._plan(f"```python\n{text}```", example)
+        code, problem = verifier._plan(f"```python\n{text}```", example)
         plans[path.stem] = (head, problem, example, len(jobs))
-        jobs.append(verifier._job(code, spec, problem))
+        jobs.append(verifier._job(code, problem))
     t0 = time.monotonic()
     runs = verifier.sandbox.map(jobs)
     elapsed = time.monotonic() - t0
@@ -333,11 +335,13 @@ def test_corpus_program_is_contained_and_scores_zero(name, corpus_runs, host):
     head, result, run, job = corpus_runs[0][name]
     assert result.score == 0.0 and result.correct is False, (head["attack"], result.details)
     assert re.search(head["expect"], result.details["reason"]), (head["attack"], result.details["reason"])
-    produced = run.stdout + run.stderr + run.results
+    cases = run.cases or [run]
+    produced = b"".join(c.stdout + c.stderr + c.results for c in cases)
     for secret in host["secrets"]:
         assert secret not in produced, (head["attack"], secret)
-    assert run.wall_s <= job.timeout_s + 1.0  # every run ended within its limit
-    assert run.status != "setup_error", run.reason
+    for case, spec in zip(cases, job.case_list()):  # every case ended within its own limit
+        assert case.wall_s <= spec.timeout_s + 1.0, (head["attack"], case.wall_s)
+        assert case.status != "setup_error", case.reason
 
 
 def test_host_and_trainer_untouched_by_the_corpus(corpus_runs, host):
@@ -363,3 +367,305 @@ def test_signals_from_the_sandbox_cannot_reach_the_caller(sb):
     r = sb.run(_py(sb, "import os, signal; os.killpg(0, signal.SIGKILL)"))
     assert r.status == "killed" and "SIGKILL" in r.reason
     assert signal.getsignal(signal.SIGINT) is not None  # still running, here
+
+
+# -- cases: one fresh process each ------------------------------------------------------------------
+
+
+def test_each_case_is_a_fresh_process_in_a_fresh_working_directory(sb):
+    code = "\n".join([
+        "import os, sys",
+        "print(os.getpid(), sorted(os.listdir('.')), sys.stdin.read())",
+        "open('given.txt', 'a').write('changed')",
+        "os.makedirs('d/e', exist_ok=True); open('d/e/f', 'w').write('x'); os.chmod('d', 0)",
+        "for _ in range(1500):  # deeper than the runner may hold directories open",
+        "    os.mkdir('n'); os.chdir('n')",
+        "os.chmod('.', 0)",
+    ])
+    cases = [Case(stdin=b"first"), Case(stdin=b"second"), Case(stdin=b"third")]
+    r = sb.run_job(Job(_py(sb, code), files={"given.txt": "hello"}, cases=cases))
+    assert [c.status for c in r.cases] == ["ok"] * 3, [c.reason for c in r.cases]
+    lines = [c.stdout.decode().split() for c in r.cases]
+    assert [ln[1:] for ln in lines] == [["['given.txt']", s] for s in ("first", "second", "third")]
+    assert len({ln[0] for ln in lines}) == 3  # a new process each time
+
+
+def _harness_job() -> Job:
+    cases = [Case(harness={"mode": "function", "entry_point": "add", "args": args, "kwargs": {}},
+                  result_channel=True, capture_stdout=False) for args in ([2, 3], [1, -2])]
+    return Job(["unused"], files={"solution.py": "def add(a, b):\n    return a + b\n"}, cases=cases)
+
+
+def test_the_harness_runs_in_a_fork_of_the_runner_one_process_per_case(sb):
+    r = sb.run_job(_harness_job())
+    assert [c.results for c in r.cases] == [b"ok\n5", b"ok\n-1"], [c.reason for c in r.cases]
+    code = "import os\ndef add(a, b):\n    return [os.getpid(), os.getppid()]\n"
+    job = _harness_job()
+    job.files["solution.py"] = code
+    pids = [c.results for c in sb.run_job(job).cases]
+    assert pids[0] != pids[1] and all(p.endswith(b", 1]") for p in pids)  # new processes; pid 1 runs them
+
+
+def test_case_limits_and_a_case_that_never_ran():
+    sb = Sandbox(SandboxLimits(timeout_s=1.0, max_output_bytes=10_000))
+    cases = [Case(stdin=b"x"), Case(argv=_py(sb, "while True: pass")),
+             Case(argv=_py(sb, "print('y' * 20000)")), Case(timeout_s=0.3, argv=_py(sb, "import time; time.sleep(5)"))]
+    t0 = time.monotonic()
+    r = sb.run_job(Job(_py(sb, "print(input())"), cases=cases))
+    assert [c.status for c in r.cases] == ["ok", "timeout", "output_limit", "timeout"]
+    assert r.cases[0].stdout == b"x\n" and "0.3 s" in r.cases[3].reason
+    assert time.monotonic() - t0 < 1.0 + 0.3 + 5.0  # each case stopped at its own limit
+
+
+def test_stderr_is_capped_per_case_not_per_run():
+    sb = Sandbox(SandboxLimits(timeout_s=2.0, max_output_bytes=600_000))
+    code = "import sys; sys.stderr.write('e' * 500_000); print('done')"
+    r = sb.run_job(Job(_py(sb, code), cases=[Case(), Case(), Case()], stderr_tail=1000))
+    assert [c.status for c in r.cases] == ["ok"] * 3
+    assert all(c.stdout == b"done\n" and c.stderr == b"e" * 1000 for c in r.cases)
+
+
+# -- memory: every route stays under the documented bound, measured from the host ----------------------
+
+MEMORY_ROUTES = r'''
+import ctypes, errno, fcntl, os, socket, sys, time
+MB = 1 << 20
+route, out = sys.argv[1], []
+libc = ctypes.CDLL(None, use_errno=True)
+def refused(fn):
+    try:
+        return "held" if fn() not in (None, -1) else f"refused {ctypes.get_errno()}"
+    except OSError as e:
+        return f"refused {e.errno}"
+if route == "denied":
+    out.append(refused(lambda: os.write(os.memfd_create("m"), b"x" * MB)))
+    out.append(refused(lambda: libc.shmget(0, 256 * MB, 0o1000 | 0o600)))
+    out.append(refused(lambda: libc.msgget(0, 0o1000 | 0o600)))
+    out.append(refused(lambda: socket.socketpair()))
+    out.append(refused(lambda: socket.socket(socket.AF_UNIX)))
+elif route == "pipes":  # as many pipes as 3 processes may open, each filled and grown if allowed
+    main = all(os.fork() != 0 for _ in range(2))
+    n = total = grown = 0
+    try:
+        while True:
+            r, w = os.pipe()
+            try:
+                fcntl.fcntl(w, 1031, MB)  # F_SETPIPE_SZ
+                grown += 1
+            except OSError:
+                pass
+            os.set_blocking(w, False)
+            try:
+                while True:
+                    total += os.write(w, b"x" * 65536)
+            except BlockingIOError:
+                pass
+            os.close(w)
+            n += 1
+    except OSError:
+        pass
+    out.append(f"{n} {total} {grown}")
+    time.sleep(1.0)
+    if not main:
+        os._exit(0)
+elif route == "files":
+    n = 0
+    try:
+        while True:
+            open(f"f{n}", "w").close()
+            n += 1
+    except OSError as e:
+        out.append(f"{n} {e.errno}")
+elif route == "processes":  # every process fills its address space, all at once
+    kids = []
+    for _ in range(8):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            chunks = []
+            try:
+                while True:
+                    chunks.append(bytearray(8 * MB))
+            except MemoryError:
+                pass
+            time.sleep(1.5)
+            os._exit(0)
+        kids.append(pid)
+    time.sleep(1.0)
+    out.append(str(len(kids) + 1))
+print(" | ".join(out), flush=True)
+'''
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, value = line.split(":")
+        out[key] = int(value.split()[0]) << 10
+    return out
+
+
+def _run_measured(sb: Sandbox, argv: list[str]) -> tuple:
+    """Run while sampling the host's available memory; the run's result and the largest drop."""
+    import threading
+
+    base = _meminfo()["MemAvailable"]
+    low, stop = [base], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            low[0] = min(low[0], _meminfo()["MemAvailable"])
+            stop.wait(0.01)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        r = sb.run(argv)
+    finally:
+        stop.set()
+        t.join()
+    return r, base - low[0]
+
+
+@pytest.mark.parametrize("cgroup", ["auto", "off"])
+def test_memory_routes_stay_under_the_documented_bound(cgroup):
+    limits = SandboxLimits(timeout_s=10.0, memory_mb=128, max_processes=4, tmpfs_mb=64, max_files=2048)
+    sb = Sandbox(limits, cgroup=cgroup)
+    bound = (limits.max_processes * limits.memory_mb + limits.tmpfs_mb) << 20  # 576 MiB
+    results = {}
+    for route in ("denied", "pipes", "files", "processes"):
+        r, host_drop = _run_measured(sb, [sb.python, "-I", "-S", "-c", MEMORY_ROUTES, route])
+        assert r.ok, (route, r.reason, r.stderr[-500:])
+        results[route] = r.stdout.decode().strip()
+        # From the host: noisy (the machine is shared), so only an escape of the red team's size
+        # (gigabytes) can fail it; the cgroup's own peak below is exact.
+        assert host_drop < 2 * bound, (route, host_drop >> 20)
+        if sb.mechanisms["memory_cgroup"]:
+            assert 0 < r.memory_peak_kb << 10 < bound, (route, r.memory_peak_kb)
+    assert results["denied"] == " | ".join(["refused 1"] * 3 + ["refused 97"] * 2)  # EPERM, EAFNOSUPPORT
+    pipes, filled, grown = map(int, results["pipes"].split())
+    assert grown == 0 and filled <= pipes * 65536 <= 256 * 65536  # 64 KiB each, fds bound the count
+    assert results["files"] == "2047 28"  # nr_inodes: ENOSPC after max_files (the root dir is one)
+    assert int(results["processes"]) <= limits.max_processes
+
+
+def test_memory_cgroup_bounds_the_whole_run():
+    limits = SandboxLimits(timeout_s=10.0, memory_mb=256, max_processes=8, total_memory_mb=300)
+    sb = Sandbox(limits)
+    if not sb.mechanisms["memory_cgroup"]:
+        pytest.skip("no memory cgroup on this machine (docs/sandbox.md: rlimits alone bound a run)")
+    code = "\n".join([  # three processes of 200 MiB: each within memory_mb, together past 300
+        "import os, time",
+        "kids = []",
+        "for _ in range(2):",
+        "    pid = os.fork()",
+        "    if pid == 0:",
+        "        kids = []",
+        "        break",
+        "    kids.append(pid)",
+        "x = bytearray(200 << 20)",
+        "time.sleep(2)",
+        "for pid in kids:",
+        "    os.waitpid(pid, 0)",  # the main process ends well even if the killer chose a child
+    ])
+    r = sb.run(_py(sb, code))
+    assert r.status == "memory_limit" and "memory cgroup" in r.reason, r.reason
+    assert r.memory_peak_kb << 10 <= (300 << 20) + (1 << 20)
+
+
+def test_cgroup_required_refuses_without_one_and_a_total_bound_warns(monkeypatch, fresh_probe):
+    monkeypatch.setattr(sandbox_module, "_cgroup_cache", {"auto": (None, "no memory controller (test)"),
+                                                           "required": (None, "no memory controller (test)")})
+    with pytest.raises(SandboxUnavailable, match=r"(?s)no memory cgroup to enforce cgroup=required.*Delegate"):
+        Sandbox(cgroup="required")
+    with pytest.warns(RuntimeWarning, match=r"total_memory_mb=300 is NOT enforced.*rlimits"):
+        sb = Sandbox(SandboxLimits(total_memory_mb=300))
+    assert sb.mechanisms["memory_cgroup"] is None and sb.run(_py(sb, "pass")).ok
+
+
+# -- teardown: nothing outlives a run, and the caller returns at the limit ----------------------------
+
+
+def test_nothing_outlives_the_run_and_the_caller_returns_at_the_limit():
+    sb = Sandbox(SandboxLimits(timeout_s=1.0, tmpfs_mb=128))
+    marker = uuid.uuid4().hex
+    # Daemons that escape the session and keep stdout, stderr and the result channel open,
+    # plus memory parked in the working directory and in pipes held by them.
+    code = "\n".join([
+        "import os, sys",
+        "for i in range(4): open(f'ballast{i}', 'wb').write(os.urandom(15 << 20))",
+        "for _ in range(2):",
+        "    if os.fork() == 0:",
+        "        os.setsid()",
+        "        r, w = os.pipe(); os.write(w, b'x' * 65536)",
+        f"        os.execv('/bin/sleep', ['sleep', '600', '{marker}'])",
+        "print('parent done', flush=True)",
+    ])
+    shmem_before = _meminfo()["Shmem"]
+    parent = Path(sb.mechanisms["memory_cgroup"]["parent"]) if sb.mechanisms["memory_cgroup"] else None
+    cgroups_before = set(parent.glob("reinforge-*")) if parent else set()
+    for result_channel in (False, True):
+        t0 = time.monotonic()
+        r = sb.run(_py(sb, code), result_channel=result_channel)
+        assert r.ok and r.stdout == b"parent done\n", r.reason
+        # The program ended at once and nothing held the caller (a margin for a loaded machine,
+        # well below the 15 s backstop a held pipe used to cost).
+        assert time.monotonic() - t0 < 1.0 + 5.0
+    loop = "\n".join(["import os", "if os.fork() == 0:", "    os.setsid()",
+                      f"    os.execv('/bin/sleep', ['sleep', '600', '{marker}'])", "while True: pass"])
+    t0 = time.monotonic()
+    r = sb.run(_py(sb, loop))
+    assert r.status == "timeout" and time.monotonic() - t0 < 1.0 + 5.0
+    assert not _processes_with(marker)
+    assert _meminfo()["Shmem"] - shmem_before < 32 << 20  # the 60 MiB in /tmp are gone
+    if parent:
+        assert set(parent.glob("reinforge-*")) == cgroups_before  # each run's cgroup removed
+
+
+def test_a_long_lived_program_talks_and_is_gone_after_kill(sb):
+    marker = uuid.uuid4().hex
+    code = ("import sys, os\nif os.fork() == 0:\n"
+            f"    os.execv('/bin/sleep', ['sleep', '600', '{marker}'])\n"
+            "for line in sys.stdin:\n    print(line.strip()[::-1], flush=True)")
+    proc = sb.start(Job(_py(sb, code), timeout_s=float("inf")))
+    proc.write(b"abc\n")
+    assert proc.read_line(100, 30.0) == b"cba"
+    proc.write(b"x" * 1000 + b"\n")
+    with pytest.raises(ValueError, match="more than 100 bytes"):
+        proc.read_line(100, 30.0)
+    assert _processes_with(marker, wait_s=0)
+    proc.kill()
+    assert not proc.alive and not _processes_with(marker)
+
+
+# -- side channels -----------------------------------------------------------------------------------
+
+
+def test_no_project_path_inside_and_host_locks_are_not_blocked(sb):
+    import fcntl
+
+    code = "\n".join([
+        "import fcntl, os, sys",
+        "print(open('/proc/1/cmdline', 'rb').read() + open('/proc/self/mountinfo', 'rb').read())",
+        "f = open(os.__file__, 'rb')",
+        "try:",
+        "    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB); print('LOCKED')",
+        "except OSError as e:",
+        "    print('refused', e.errno)",
+        "import time; time.sleep(0.5)",
+    ])
+    import threading
+
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", sb.run(_py(sb, code))))
+    t.start()
+    time.sleep(0.3)
+    with open(os.__file__, "rb") as f:  # the host locks the same file while the program runs
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(f, fcntl.LOCK_UN)
+    t.join()
+    out = result["r"].stdout
+    assert b"refused 1" in out and b"LOCKED" not in out
+    assert str(ROOT).encode() not in out and sys.prefix.encode() not in out

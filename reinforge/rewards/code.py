@@ -1,30 +1,29 @@
 """The `code` verifier: take the program out of a completion, run it in the sandbox, score it.
 
-mode "tests" (code tasks): the program is run against the problem's tests by a harness inside
-the sandbox, which only reports what the program returned or printed for each test's input; the
-expected outputs stay in this (trusted) process and are compared here, on plain JSON values.
-So printing "passed", exiting early, patching the harness, overriding __eq__ or reading the
-test files gains nothing: none of those can produce the right output for an input the program
-has not solved, and the expected values are nowhere inside the sandbox.
+mode "tests" (code tasks): the program runs once per test case, each time in a fresh process
+given only that case's input; the sandbox's runner (another process) times it and collects what it
+returned or printed, and the expected outputs stay in this (trusted) process, compared here on
+plain JSON values parsed with a size bound. So printing "passed", exiting early, patching the
+harness, overriding __eq__, reading the test files or working ahead on other cases gains nothing:
+none of those can produce the right output for an input the program has not solved in time, and
+the expected values are nowhere inside the sandbox.
 
 mode "stdout_answer" (any task, e.g. reasoning-gym's): program-aided answering ("PAL: Program-aided
 Language Models", Gao et al., 2022, arXiv:2211.10435); the program's standard output is the
-answer, scored by the task's own scorer.
+answer, scored by the task's own scorer (a third-party scorer in the isolated scoring pool,
+reinforge/rewards/isolated.py).
 """
 
 from __future__ import annotations
 
 import json
-import marshal
 import math
 import re
 from collections.abc import Sequence
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-from reinforge.sandbox import ExecResult, Job, Sandbox, SandboxLimits
-from reinforge.rewards.verifiers import VerifierResult
+from reinforge.sandbox import Case, ExecResult, Job, Sandbox, SandboxLimits
+from reinforge.rewards.verifiers import VerifierResult, task_scorer
 from reinforge.tasks.base import Example, Task
 from reinforge.tasks.code_task import CodeProblem
 
@@ -34,11 +33,6 @@ _PYTHON_LANGS = {"", "python", "py", "python3", "py3", "pycon", "ipython"}
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.S | re.M)
 _OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n", re.M)
 SOLUTION_FILE = "solution.py"
-
-
-@lru_cache(maxsize=1)
-def _harness_source() -> str:
-    return (Path(__file__).parents[1] / "sandbox" / "harness.py").read_text(encoding="utf-8")
 
 
 def extract_code(completion: str, entry_point: str | None = None) -> str | None:
@@ -71,16 +65,21 @@ def extract_code(completion: str, entry_point: str | None = None) -> str | None:
 
 
 def values_equal(got: Any, expected: Any, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
-    """Equality of JSON values: bools only equal bools, ints and floats compare as numbers (with a
-    tolerance when either is a float), lists elementwise, dicts by keys and values."""
+    """Equality of JSON values: bools only equal bools; an integer expected value is compared
+    exactly (a float must equal it exactly); a float expected value with a tolerance; lists
+    elementwise, dicts by keys and values. A number too large for a float is a wrong answer."""
     if isinstance(expected, bool) or isinstance(got, bool):
         return type(got) is type(expected) and got == expected
     if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
-        if isinstance(expected, float) or isinstance(got, float):
-            if math.isnan(expected) or math.isnan(got):
-                return math.isnan(expected) and math.isnan(got)
-            return math.isclose(got, expected, rel_tol=rel_tol, abs_tol=abs_tol)
-        return got == expected
+        if isinstance(expected, int):
+            return got == expected  # exact, also for a float (int/float compare exactly)
+        try:
+            got = float(got)
+        except OverflowError:
+            return False
+        if math.isnan(expected) or math.isnan(got):
+            return math.isnan(expected) and math.isnan(got)
+        return math.isclose(got, expected, rel_tol=rel_tol, abs_tol=abs_tol)
     if expected is None or isinstance(expected, str):
         return type(got) is type(expected) and got == expected
     if isinstance(expected, list):
@@ -90,6 +89,13 @@ def values_equal(got: Any, expected: Any, rel_tol: float = 1e-6, abs_tol: float 
         return (isinstance(got, dict) and got.keys() == expected.keys()
                 and all(values_equal(got[k], expected[k], rel_tol, abs_tol) for k in expected))
     return False
+
+
+def result_cap(expected: Any) -> int:
+    """The most bytes a function's reported return value may take for a test: a JSON text far
+    longer than the expected value's cannot equal it, so it is not even parsed (its objects
+    would cost memory in this process long before the comparison fails)."""
+    return 4096 + 8 * len(json.dumps(expected, ensure_ascii=False))
 
 
 def _lines(text: str) -> list[str]:
@@ -111,13 +117,18 @@ class CodeVerifier:
                       program's stdout is the answer, scored by the task's scorer (any task).
     partial_credit:   score = fraction of tests passed (default: 1 only when all pass). Correct
                       always means all tests pass.
-    timeout_s:        wall-clock limit of each test case (the whole run: (tests + 1) x timeout_s + 1 s).
+    timeout_s:        wall-clock limit of each test case, from the start of its process (the
+                      program's start-up and imports count).
     memory_mb:        address-space limit per process, MiB.
     max_processes:    processes and threads the program may have.
-    max_output_bytes: output kept per test case; more is an "output limit" failure.
+    max_output_bytes: output kept per test case and stream; more is an "output limit" failure.
+    total_memory_mb:  the whole run's memory (a memory cgroup, where the machine has one; see
+                      docs/sandbox.md); default max_processes x memory_mb + tmpfs + runner.
     isolation:        "full" (default; refuses to run if a mechanism is missing) or
                       "best_effort" (runs with what works and warns; see docs/sandbox.md).
     workers:          parallel sandboxes (default: the CPUs available).
+    scorer_timeout_s: stdout_answer mode with a third-party scorer (reasoning-gym): the most one
+                      answer's scoring may take in the isolated scoring pool.
     """
 
     name = "code"
@@ -132,8 +143,10 @@ class CodeVerifier:
         memory_mb: int = 512,
         max_processes: int = 32,
         max_output_bytes: int = 1 << 20,
+        total_memory_mb: int | None = None,
         isolation: str = "full",
         workers: int | None = None,
+        scorer_timeout_s: float = 10.0,
         threshold: float = 1.0,
     ) -> None:
         if mode not in CODE_MODES:
@@ -149,9 +162,13 @@ class CodeVerifier:
         self.threshold = threshold
         self.sandbox = Sandbox(
             SandboxLimits(timeout_s=self.timeout_s, memory_mb=int(memory_mb),
-                          max_processes=int(max_processes), max_output_bytes=self.max_output_bytes),
+                          max_processes=int(max_processes), max_output_bytes=self.max_output_bytes,
+                          total_memory_mb=total_memory_mb),
             isolation=isolation, workers=workers,
         )
+        # stdout_answer: the task's scorer, isolated when it is third-party code.
+        self.scorer = (task_scorer(task, timeout_s=scorer_timeout_s, isolation=isolation)
+                       if mode == "stdout_answer" else None)
 
     # -- one and many --------------------------------------------------------------------------
 
@@ -177,14 +194,14 @@ class CodeVerifier:
             if isinstance(plan, VerifierResult):
                 plans.append(plan)
                 continue
-            code, job_spec, problem = plan
+            code, problem = plan
             key = (code, example.id)
             if key not in keys:
                 keys[key] = len(jobs)
-                jobs.append(self._job(code, job_spec, problem))
+                jobs.append(self._job(code, problem))
             plans.append((keys[key], problem, example))
         results = self.sandbox.map(jobs)
-        out: list[VerifierResult | Exception] = []
+        out: list[Any] = []
         for plan in plans:
             if isinstance(plan, (VerifierResult, Exception)):
                 out.append(plan)
@@ -194,6 +211,8 @@ class CodeVerifier:
                 out.append(self._verdict(results[index], problem, example))
             except Exception as err:  # noqa: BLE001
                 out.append(err)
+        if self.mode == "stdout_answer":
+            self._score_answers(out, examples)
         return out
 
     # -- building runs -------------------------------------------------------------------------
@@ -208,55 +227,38 @@ class CodeVerifier:
         if code is None:
             return VerifierResult(0.0, False, {"reason": "no code in the completion", "passed": 0,
                                                "total": len(problem.tests)})
-        tests = [
-            {"args": t.get("args", []), "kwargs": t.get("kwargs", {})} if problem.mode == "function"
-            else {"stdin": t.get("stdin", "")}
-            for t in problem.tests
-        ]  # only the inputs: expected outputs never enter the sandbox
-        spec = {"mode": problem.mode, "source": SOLUTION_FILE, "entry_point": problem.entry_point,
-                "tests": tests, "timeout_s": self.timeout_s, "max_bytes": self.max_output_bytes}
-        return code, spec, problem
+        return code, problem
 
-    def _job(self, code: str, spec: dict, problem: CodeProblem) -> Job:
-        n = len(problem.tests)
-        return Job(
-            argv=[self.sandbox.python, "-I", "-S", "-B", "-c", _harness_source()],
-            files={SOLUTION_FILE: code},
-            stdin=marshal.dumps(spec),
-            result_channel=True,
-            timeout_s=self.timeout_s * (n + 1) + 1.0,  # every case at its limit, plus loading
-            max_result_bytes=(n + 1) * (6 * self.max_output_bytes + 4096),  # JSON-escaped
-        )
+    def _job(self, code: str, problem: CodeProblem) -> Job:
+        """One case per test, each a new process (a fork of the sandbox's runner running the
+        harness) given only that test's input: expected outputs never enter the sandbox."""
+        argv = [self.sandbox.python]  # unused: each case names the harness (Case.harness)
+        if problem.mode == "function":
+            cases = [Case(harness={"mode": "function", "entry_point": problem.entry_point,
+                                   "args": list(t.get("args", [])), "kwargs": dict(t.get("kwargs", {}))},
+                          timeout_s=self.timeout_s, result_channel=True, capture_stdout=False,
+                          max_result_bytes=result_cap(t["expected"]))
+                     for t in problem.tests]
+        else:
+            cases = [Case(stdin=str(t.get("stdin", "")).encode("utf-8"), timeout_s=self.timeout_s,
+                          harness={"mode": "stdio"})
+                     for t in problem.tests]
+        return Job(argv, files={SOLUTION_FILE: code}, cases=cases, stderr_tail=8192)
 
     # -- judging -------------------------------------------------------------------------------
 
     def _verdict(self, run: ExecResult, problem: CodeProblem, example: Example) -> VerifierResult:
-        if run.status == "setup_error":  # our failure, not the program's: an error, not a 0
-            raise RuntimeError(run.reason)
-        reports: dict[int, dict] = {}
-        load_error = None
-        for line in run.results.splitlines():
-            try:
-                rep = json.loads(line)
-                i = rep["i"]
-            except (ValueError, TypeError, KeyError, RecursionError):
-                continue  # not a report: whatever wrote it gains nothing
-            if not isinstance(i, int) or not isinstance(rep, dict):
-                continue
-            if i == -1 and load_error is None:
-                load_error = str(rep.get("info", ""))[:300]
-            reports.setdefault(i, rep)
+        runs = run.cases or [run]
+        if any(r.status == "setup_error" for r in runs):  # our failure, not the program's
+            raise RuntimeError(next(r.reason for r in runs if r.status == "setup_error"))
+        verdicts = [self._judge(r, test, problem.mode) for r, test in zip(runs, problem.tests)]
         if self.mode == "stdout_answer":
-            return self._answer_verdict(run, reports.get(0), load_error, example)
-        verdicts = []
-        for i, test in enumerate(problem.tests):
-            rep = reports.get(i)
-            if load_error is not None:
-                verdicts.append(_classify_error(load_error, "the code failed to load"))
-            elif rep is None:
-                verdicts.append(f"not run: {run.reason or 'the program ended before this test'}")
-            else:
-                verdicts.append(self._judge(rep, test, problem.mode))
+            r = runs[0]
+            if verdicts[0] != "ran":
+                return VerifierResult(0.0, False, {"reason": verdicts[0], "sandbox": r.status})
+            answer = r.stdout.decode("utf-8", "replace").strip()
+            return VerifierResult(0.0, False, {"extracted": answer, "sandbox": r.status,
+                                               "pending": True})
         passed = sum(v == "passed" for v in verdicts)
         n = len(verdicts)
         all_passed = passed == n
@@ -264,40 +266,79 @@ class CodeVerifier:
         failures = [f"test {i}: {v}" for i, v in enumerate(verdicts) if v != "passed"]
         reason = f"{passed}/{n} tests passed" + ("; " + "; ".join(failures[:3]) if failures else "")
         return VerifierResult(score, all_passed, {"passed": passed, "total": n, "reason": reason,
-                                                  "tests": verdicts, "sandbox": run.status})
+                                                  "tests": verdicts,
+                                                  "sandbox": _worst(r.status for r in runs)})
 
-    def _judge(self, rep: dict, test: dict, mode: str) -> str:
-        status = rep.get("status")
-        if status == "ok":
-            data = rep.get("data", "")
-            if not isinstance(data, str):
-                return "wrong answer (malformed report)"
-            if mode == "function":
+    def _judge(self, r: ExecResult, test: dict, mode: str) -> str:
+        """One case's verdict: "passed" (or "ran" in stdout_answer mode), else why not."""
+        if r.status == "not_run":
+            return r.reason
+        if r.status == "timeout":
+            return "timeout: CPU time limit" if "CPU time" in r.reason else \
+                f"timeout: more than {self.timeout_s:g} s"
+        if r.status == "memory_limit":
+            return "memory limit"
+        if r.status == "killed":
+            return _signal_reason(r.exit_code)
+        if mode == "function":
+            if r.status == "output_limit" and r.reason.endswith("on results"):
+                return "wrong answer (the return value is far larger than the expected one)"
+            tag, _, body = r.results.partition(b"\n")
+            if tag == b"ok" and r.exit_code == 0:
                 try:
-                    got = json.loads(data)
+                    got = json.loads(body)
                 except (ValueError, RecursionError):
                     return "wrong answer (the return value is not JSON)"
                 return "passed" if values_equal(got, test["expected"]) else "wrong answer"
-            return "passed" if stdout_matches(data, test["stdout"]) else "wrong answer"
-        if status == "timeout":
-            return f"timeout: more than {self.timeout_s:g} s"
-        if status == "output_limit":
-            return f"output limit: more than {self.max_output_bytes} bytes"
-        if status == "crashed":
-            return _signal_reason(rep.get("exit"))
-        return _classify_error(str(rep.get("info", ""))[:300], f"exit code {rep.get('exit')}")
+            if r.status == "output_limit":
+                return _limit_reason(r, self.max_output_bytes)
+            if tag == b"error":
+                return _classify_error(body.decode("utf-8", "replace")[:300], "")
+            if r.exit_code == 0:
+                return "exited early (no result reported)"
+            return _classify_error(_last_line(r.stderr), f"exit code {r.exit_code}")
+        if r.status == "output_limit":
+            return _limit_reason(r, self.max_output_bytes)
+        if r.status != "ok":
+            return _classify_error(_last_line(r.stderr), f"exit code {r.exit_code}")
+        if self.mode == "stdout_answer":
+            return "ran"
+        return "passed" if stdout_matches(r.stdout.decode("utf-8", "replace"), test["stdout"]) \
+            else "wrong answer"
 
-    def _answer_verdict(self, run: ExecResult, rep: dict | None, load_error: str | None,
-                        example: Example) -> VerifierResult:
-        if load_error is not None or rep is None or rep.get("status") != "ok":
-            why = (_classify_error(load_error, "") if load_error else
-                   self._judge(rep, {}, "stdio") if rep else f"not run: {run.reason}")
-            return VerifierResult(0.0, False, {"reason": why, "sandbox": run.status})
-        answer = str(rep.get("data", "")).strip()
-        score = float(self.task.score(answer, example))
-        return VerifierResult(score, score >= self.threshold,
-                              {"extracted": answer[:500], "sandbox": run.status})
+    def _score_answers(self, out: list, examples: Sequence[Example]) -> None:
+        """stdout_answer: the programs' answers, scored by the task's scorer in one batch."""
+        todo = [i for i, r in enumerate(out) if isinstance(r, VerifierResult) and r.details.get("pending")]
+        if not todo:
+            return
+        answers = [out[i].details["extracted"] for i in todo]
+        scores = self.scorer.score_batch(answers, [examples[i] for i in todo])
+        for i, score in zip(todo, scores):
+            details = dict(out[i].details)
+            del details["pending"]
+            details["extracted"] = details["extracted"][:500]
+            if isinstance(score, BaseException):
+                out[i] = score
+                continue
+            out[i] = VerifierResult(float(score), float(score) >= self.threshold, details)
 
+
+def _worst(statuses) -> str:
+    statuses = list(statuses)
+    return next((s for s in statuses if s != "ok"), "ok")
+
+
+def _last_line(stderr: bytes) -> str:
+    tail = stderr[-4000:].decode("utf-8", "replace")
+    return next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")[:300]
+
+
+def _limit_reason(r: ExecResult, max_output_bytes: int) -> str:
+    if "file size" in r.reason:
+        return "output limit: file size limit"
+    if "working directory full" in r.reason:
+        return "output limit: working directory full"
+    return f"output limit: more than {max_output_bytes} bytes"
 
 def _classify_error(info: str, fallback: str) -> str:
     if "MemoryError" in info:

@@ -228,13 +228,13 @@ class RewardFunction:
 
 
 _OPTIONS: dict[str, tuple[str, ...]] = {
-    "task": (),
+    "task": ("timeout_s", "memory_mb", "isolation", "workers"),
     "math_verify": ("timeout_s", "float_rounding", "strict"),
     "exact_match": ("case_sensitive",),
     "format": (),
     "python": ("function",),
     "code": ("mode", "partial_credit", "timeout_s", "memory_mb", "max_processes", "max_output_bytes",
-             "isolation", "workers"),
+             "total_memory_mb", "isolation", "workers", "scorer_timeout_s"),
 }
 
 
@@ -247,8 +247,11 @@ def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task
             f"verifier {name!r}; accepted: {', '.join(accepted) or '(none)'}"
         )
     fmt = cfg.answer_format
-    if name == "task":
-        return TaskVerifier(task, answer_format=fmt, threshold=cfg.correct_threshold)
+    if name == "task":  # a third-party scorer starts its sandboxed pool here
+        try:
+            return TaskVerifier(task, answer_format=fmt, threshold=cfg.correct_threshold, **options)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"reward.verifiers[{i}].options (task verifier): {err}") from None
     if name == "math_verify":
         return MathVerifyVerifier(answer_format=fmt, **options)
     if name == "exact_match":

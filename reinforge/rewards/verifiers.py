@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -36,23 +37,81 @@ class Verifier(Protocol):
     def __call__(self, completion: str, example: Example) -> VerifierResult: ...
 
 
+class _InProcessScorer:
+    """A task scorer that is the project's own code (file tasks' normalised match): safe to run
+    here, as plain calls."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def score_batch(self, answers: Sequence[str], examples: Sequence[Example]
+                    ) -> list[float | Exception]:
+        out: list[float | Exception] = []
+        for answer, example in zip(answers, examples):
+            try:
+                out.append(float(self.task.score(answer, example)))
+            except Exception as err:  # noqa: BLE001 - this sample's error
+                out.append(err)
+        return out
+
+
+def task_scorer(task: Task, *, timeout_s: float = 10.0, memory_mb: int = 2048,
+                isolation: str = "full", workers: int | None = None):
+    """How a task's own scorer runs: a third-party one (reasoning-gym's, which may evaluate the
+    answer) in the isolated scoring pool (reinforge/rewards/isolated.py), never in this
+    process; the project's own in-process."""
+    from reinforge.rewards.isolated import IsolatedScorer, needs_isolation
+
+    if needs_isolation(task):
+        return IsolatedScorer(task, timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation,
+                              workers=workers)
+    return _InProcessScorer(task)
+
+
 class TaskVerifier:
     """The task's own scorer on the extracted answer. reasoning-gym scorers give partial credit
-    (e.g. the right number inside extra words); only a score reaching `threshold` is correct."""
+    (e.g. the right number inside extra words); only a score reaching `threshold` is correct.
+
+    reasoning-gym's scorers run in sandboxed worker processes, never in the trainer (some
+    evaluate the answer text; docs/sandbox.md). Options for them:
+    timeout_s: the most one answer's scoring may take; past it the worker is replaced and the
+               sample is a reward error (scored 0, counted).
+    memory_mb: address space of a scoring worker, MiB.
+    isolation: "full" (default) or "best_effort", as for the code sandbox (docs/sandbox.md).
+    workers:   scoring processes (default: the CPUs available, at most 4).
+    """
 
     name = "task"
 
-    def __init__(self, task: Task, *, answer_format: str = "tags", threshold: float = 1.0) -> None:
+    def __init__(self, task: Task, *, answer_format: str = "tags", threshold: float = 1.0,
+                 timeout_s: float = 10.0, memory_mb: int = 2048, isolation: str = "full",
+                 workers: int | None = None) -> None:
         self.task = task
         self.answer_format = answer_format
         self.threshold = threshold
+        self.scorer = task_scorer(task, timeout_s=timeout_s, memory_mb=memory_mb,
+                                  isolation=isolation, workers=workers)
 
     def __call__(self, completion: str, example: Example) -> VerifierResult:
-        answer = extract_answer(completion, self.answer_format)
-        if answer is None:
-            return VerifierResult(0.0, False, {"extracted": None})
-        score = float(self.task.score(answer, example))
-        return VerifierResult(score, score >= self.threshold, {"extracted": answer})
+        out = self.score_batch([completion], [example])[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]
+                    ) -> list[VerifierResult | Exception]:
+        """Every completion's answer scored in one batch (in parallel on the scoring pool)."""
+        answers = [extract_answer(c, self.answer_format) for c in completions]
+        todo = [i for i, a in enumerate(answers) if a is not None]
+        scores = self.scorer.score_batch([answers[i] for i in todo], [examples[i] for i in todo])
+        out: list[VerifierResult | Exception] = [
+            VerifierResult(0.0, False, {"extracted": None}) for _ in completions]
+        for i, score in zip(todo, scores):
+            if isinstance(score, BaseException):
+                out[i] = score
+            else:
+                out[i] = VerifierResult(score, score >= self.threshold, {"extracted": answers[i]})
+        return out
 
 
 _LATEX_MARKERS = ("$", "\\(", "\\[", "\\boxed")

@@ -1,35 +1,44 @@
 """The sandbox launcher: a short-lived trusted process between the reward code and an untrusted
-program. It builds the isolation, then execs the program inside it.
+program. It builds the isolation, then runs the program's cases inside it.
 
-It is started as ``python -I -S -B launcher.py`` with a clean environment, so it imports the
-standard library only and none of the trainer's modules or secrets. The parent (sandbox/__init__.py)
-writes a header to its stdin (a decimal length, a newline, then that many bytes of `marshal`
-data: both sides run the same interpreter), and everything after the header is the program's
-stdin. The launcher answers with a marshalled status dict on its status fd.
+It is started as ``python -I -S -B -c <this file's text> STATUS_FD REPORT_FD`` with a clean
+environment, so it imports the standard library only and none of the trainer's modules or
+secrets, and no host path of the project shows in the sandbox's /proc/1/cmdline. The parent
+(sandbox/__init__.py) writes a header to its stdin (a decimal length, a newline, then that many
+bytes of `marshal` data: both sides run the same interpreter); in interactive mode everything
+after the header is the program's stdin. The launcher answers with a marshalled status dict on
+STATUS_FD; the runner (below) sends one framed report per case on REPORT_FD.
 
 isolation "full" (the default), in this order:
-  1. unshare a new user namespace and map one unprivileged id (uid/gid 1000 inside). When the
+  1. a memory cgroup for the run, when the parent found one it may use (the run's total memory);
+  2. unshare a new user namespace and map one unprivileged id (uid/gid 1000 inside). When the
      launcher runs as root, that id is host uid/gid 65534 (nobody), so the program never runs as
      host root: RLIMIT_NPROC is not enforced for host root, and a kernel escape lands unprivileged.
-  2. unshare mount, pid, network, IPC, UTS and cgroup namespaces.
-  3. fork: the child is pid 1 of the new pid namespace; when it exits, the kernel kills every
+  3. unshare mount, pid, network, IPC, UTS and cgroup namespaces.
+  4. fork: the child is pid 1 of the new pid namespace; when it exits, the kernel kills every
      process left in the namespace (fork bombs, daemons, lingering threads).
-  4. the child: a new session (the program cannot signal the launcher's process group), a fresh
-     tmpfs root holding read-only bind mounts of only the paths the interpreter needs, a few
-     device nodes, a new /proc of its own pid namespace, a size-limited tmpfs /tmp as the working
-     directory; pivot_root and detach the host root; drop to the unprivileged id (which drops
-     every capability); parent-death signal; then it stays pid 1 as a minimal init and forks
-     the program: rlimits, no_new_privs, a seccomp filter, exec.
-  5. the launcher waits with a wall-clock watchdog, kills the namespace's init on expiry, and
-     writes a status (exit code, CPU time, peak RSS, setup errors) to its status fd.
+  5. the child: a new session, a fresh tmpfs root holding read-only bind mounts of only the paths
+     the interpreter needs, a few device nodes, a new /proc of its own pid namespace, a size- and
+     inode-limited tmpfs /tmp as the working directory; pivot_root and detach the host root; drop
+     to the unprivileged id (which drops every capability); parent-death signal; not dumpable.
+     Then it stays pid 1 as the RUNNER: for each case it forks the program (rlimits,
+     no_new_privs, a seccomp filter, exec; or, for the code verifier's harness, the fork runs
+     it with this interpreter, sparing a start-up per case), feeds its stdin, reads its output up to the caps,
+     enforces the case's wall-clock limit, then kills everything else in the namespace and
+     resets /tmp before the next case. As pid 1 it cannot be signalled from inside the
+     namespace (the kernel drops such signals, SIGKILL and SIGSTOP included), and not being
+     dumpable, its memory cannot be read or written through /proc: the program shares neither a
+     process nor writable memory with what times it and reports its output.
+  6. the launcher waits with a wall-clock watchdog for the whole run, kills the namespace's init
+     on expiry, removes the cgroup, and writes a status (setup errors, memory peak, OOM kills).
 
 isolation "best_effort" uses whatever of these works (the parent says which) and otherwise runs
-the program in a private temporary directory on the host with rlimits, a new session, an
-unprivileged uid when started as root, and seccomp when libseccomp is available.
+the runner in a private temporary directory on the host, each case in a new session, with
+rlimits, an unprivileged uid when started as root, and seccomp when libseccomp is available.
 """
 
 # Start-up time is per run, so only cheap modules: marshal instead of json (which pulls in re
-# and enum), _signal instead of signal (enum); tempfile and shutil only when needed.
+# and enum), _signal instead of signal (enum); tempfile only when needed.
 import _signal as signal
 import ctypes
 import errno
@@ -117,8 +126,11 @@ def prctl(option, arg):
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 1, 4, 7
-AF_UNIX = 1
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+# fcntl commands that take a POSIX or open-file-description lock (F_SETLK, F_SETLKW, their
+# 32-bit *64 forms, F_OFD_SETLK, F_OFD_SETLKW).
+_LOCK_COMMANDS = (6, 7, 13, 14, 37, 38)
+F_SETPIPE_SZ = 1031  # a pipe keeps its default 64 KiB: the limit that bounds pipe memory
 
 
 def SCMP_ACT_ERRNO(e):
@@ -131,7 +143,8 @@ class _ArgCmp(ctypes.Structure):
 
 
 # Denied with EPERM: what reaches other processes or the kernel's rarely-needed, often-exploited
-# corners. Everything else is allowed (a program needs files, threads, pipes, mmap, ...).
+# corners, and what holds memory outside every per-process limit. Everything else is allowed (a
+# program needs files, threads, pipes, mmap, ...).
 DENIED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
     "mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns",
@@ -145,6 +158,14 @@ DENIED_SYSCALLS = (
     "fanotify_init", "nfsservctl", "uselib", "_sysctl", "create_module", "get_kernel_syms",
     "query_module", "vm86", "vm86old", "modify_ldt", "mbind", "migrate_pages", "move_pages",
     "set_mempolicy", "lsm_set_self_attr",
+    # Memory no rlimit counts: an anonymous file's pages (memfd), System V shared memory,
+    # message queues and semaphores (their sizes are set host-wide, not per run).
+    "memfd_create", "memfd_secret", "shmget", "shmat", "msgget", "msgsnd", "semget",
+    # Pages handed to a pipe stay allocated after the process unmaps them.
+    "vmsplice",
+    # Watching or locking the host files bound read-only: inotify sees the host's activity on
+    # them, and a lock taken here would block the host's own lock on the same file.
+    "inotify_init", "inotify_init1", "inotify_add_watch", "flock",
 )
 
 
@@ -175,10 +196,14 @@ def load_seccomp(libname="libseccomp.so.2"):
     try:
         for name in DENIED_SYSCALLS:
             rule(eperm, name)
-        # Sockets: only AF_UNIX (which reaches nothing outside: no host paths are mounted and the
-        # abstract namespace belongs to the sandbox's network namespace).
-        rule(SCMP_ACT_ERRNO(errno.EAFNOSUPPORT), "socket", (0, SCMP_CMP_NE, AF_UNIX, 0))
-        rule(SCMP_ACT_ERRNO(errno.EAFNOSUPPORT), "socketpair", (0, SCMP_CMP_NE, AF_UNIX, 0))
+        # No sockets of any family. IP and raw ones would reach networks; Unix ones reach nothing
+        # outside (no host socket path is mounted, the abstract namespace is the sandbox's own),
+        # but their buffers are not counted by any per-process limit, and descriptors passed over
+        # them (SCM_RIGHTS) can keep memory and pipes alive after every process has exited.
+        rule(SCMP_ACT_ERRNO(errno.EAFNOSUPPORT), "socket")
+        rule(SCMP_ACT_ERRNO(errno.EAFNOSUPPORT), "socketpair")
+        for cmd in (*_LOCK_COMMANDS, F_SETPIPE_SZ):
+            rule(eperm, "fcntl", (1, SCMP_CMP_EQ, cmd, 0))
         # No new namespaces through clone flags; clone3 passes its flags in memory, where seccomp
         # cannot look, so it reports ENOSYS and libc falls back to clone.
         for flag in (CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC,
@@ -195,6 +220,96 @@ def load_seccomp(libname="libseccomp.so.2"):
             raise SetupError(f"seccomp_load: {os.strerror(-rc)}")
     finally:
         lib.seccomp_release(ctx)
+
+
+# -- the memory cgroup -------------------------------------------------------------------------
+
+
+class Cgroup:
+    """A memory cgroup made for this run under a parent directory the caller may write (the
+    parent process checked it): the run's processes and the kernel memory they cause (page
+    cache, tmpfs and pipe pages, inodes) are charged to it, and the OOM killer acts inside it
+    once the limit is reached.
+
+    Every file it needs later is opened now: the runner's pivot_root also moves this process's
+    root (they share a mount namespace), after which /sys is out of sight."""
+
+    def __init__(self, spec):
+        parent, self.name = os.path.split(spec["path"])
+        self.v2 = spec["version"] == 2
+        self.parent = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        os.mkdir(self.name, 0o755, dir_fd=self.parent)
+        try:
+            self.dir = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                               dir_fd=self.parent)
+            if self.v2:
+                self._write("memory.max", spec["limit"])
+                self._write("memory.swap.max", 0, optional=True)
+            else:
+                self._write("memory.limit_in_bytes", spec["limit"])
+                self._write("memory.memsw.limit_in_bytes", spec["limit"], optional=True)
+            self.procs = self._open("cgroup.procs", os.O_WRONLY)
+            self.events = self._open("memory.events" if self.v2 else "memory.oom_control")
+            self.peak = self._open("memory.peak" if self.v2 else "memory.max_usage_in_bytes",
+                                   optional=True)
+        except BaseException:
+            os.rmdir(self.name, dir_fd=self.parent)
+            raise
+
+    def _open(self, name, flags=os.O_RDONLY, optional=False):
+        try:
+            return os.open(name, flags | os.O_CLOEXEC, dir_fd=self.dir)
+        except FileNotFoundError:
+            if optional:
+                return None
+            raise
+
+    def _write(self, name, value, optional=False):
+        fd = self._open(name, os.O_WRONLY, optional)
+        if fd is None:
+            return
+        try:
+            os.write(fd, str(int(value)).encode())
+        finally:
+            os.close(fd)
+
+    def add(self, pid):
+        os.write(self.procs, str(pid).encode())
+
+    def peak_bytes(self):
+        try:
+            return int(os.pread(self.peak, 64, 0).split()[0]) if self.peak is not None else 0
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def remove(self):
+        for fd in (self.procs, self.events, self.peak, self.dir):
+            if fd is not None:
+                os.close(fd)
+        for _ in range(50):  # the last exiting task may take a moment to leave
+            try:
+                os.rmdir(self.name, dir_fd=self.parent)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
+        os.close(self.parent)
+
+
+def oom_kills(events_fd):
+    """The cgroup's OOM-kill count, read through a descriptor opened by the launcher."""
+    if events_fd is None:
+        return 0
+    try:
+        text = os.pread(events_fd, 4096, 0).decode()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
 
 
 # -- the filesystem view -----------------------------------------------------------------------
@@ -241,12 +356,12 @@ def _build_root(spec):
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     # Stage on /tmp like bubblewrap: it exists everywhere, and after the first pivot the host's
     # own /tmp is still reachable under /oldroot.
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=256")
     os.mkdir("/tmp/newroot")
     os.mkdir("/tmp/oldroot")
     pivot_root("/tmp", "/tmp/oldroot")
     os.chdir("/")
-    mount("tmpfs", "/newroot", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    mount("tmpfs", "/newroot", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=1024")
     for path, target in spec["symlinks"].items():
         _makedirs(os.path.dirname("/newroot" + path))
         os.symlink(target, "/newroot" + path)
@@ -267,8 +382,10 @@ def _build_root(spec):
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"/newroot/dev/{name}")
     _makedirs("/newroot/tmp")
+    limits = spec["limits"]
+    # nr_inodes: every file costs kernel memory (about a kilobyte) whatever its size.
     mount("tmpfs", "/newroot/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-          f"mode=1777,size={int(spec['limits']['tmpfs_bytes'])}")
+          f"mode=1777,size={int(limits['tmpfs_bytes'])},nr_inodes={int(limits['max_files'])}")
     _makedirs("/newroot/proc")
     try:  # needs a fully visible /proc on the host; containers that mask parts of it refuse
         mount("proc", "/newroot/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -276,6 +393,10 @@ def _build_root(spec):
     except SetupError:
         proc = False
     _write_files(spec, "/newroot/tmp")
+    # The program's id owns its working directory and files, so the runner (as that id) can
+    # reset them between cases.
+    for name in [".", *spec["files"]]:
+        os.chown(os.path.join("/newroot/tmp", name), SANDBOX_ID, SANDBOX_ID)
     mount(None, "/newroot", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     # pivot_root(".", ".") stacks the old root on the new one; detaching it leaves no path to
     # the host's file system (the runc way).
@@ -299,10 +420,52 @@ def _write_files(spec, directory):
             f.write(content)
 
 
+def _clear_dir(path):
+    """Remove everything below `path` (not `path` itself), whatever the program did to it:
+    directories made unreadable, nesting as deep as the inode limit allows, symlinks (never
+    followed). Depth-first with one open directory at a time (it climbs back through ".."), so
+    no nesting runs the runner out of descriptors."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    names = []  # the directories entered, below path
+    while True:
+        sub = None
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    sub = entry.name
+                    break
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+        if sub is not None:
+            try:  # a directory, not a link (every process of the case is gone: no race)
+                os.chmod(sub, 0o700, dir_fd=fd)
+            except OSError:
+                pass
+            child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            names.append(sub)
+            continue
+        if not names:
+            os.close(fd)
+            return
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        os.rmdir(names.pop(), dir_fd=parent)
+        fd = parent
+
+
 def _set_limits(limits):
-    cpu = int(limits["cpu_s"])
+    cpu = limits["cpu_s"]
+    inf = resource.RLIM_INFINITY
     for res, soft, hard in (
-        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_CPU, inf if cpu is None else cpu, inf if cpu is None else cpu + 1),
         (resource.RLIMIT_AS, limits["as_bytes"], limits["as_bytes"]),
         (resource.RLIMIT_NPROC, limits["nproc"], limits["nproc"]),
         (resource.RLIMIT_FSIZE, limits["fsize_bytes"], limits["fsize_bytes"]),
@@ -401,15 +564,19 @@ def _write_proc(path, text):
         raise SetupError(f"writing {path} ({text.strip()!r}): {e.strerror}") from None
 
 
-def _child(spec, err_w, alive_r, result_fd, init_w):
-    """Between fork and exec; any failure is reported through err_w and ends the child.
+def _child(spec, fds):
+    """The runner: builds the view, drops privileges, then runs every case. Setup failures are
+    reported through fds["err"]; the cases' reports go to fds["report"]. Never returns.
 
-    With namespaces this process is pid 1 of the new pid namespace. It builds the root, drops
-    its ids, then stays behind as a minimal init: the program runs as its child, because the
-    kernel ignores default-action signals sent to an init from inside its namespace (abort(),
-    kill(getpid(), SIGTERM) would misbehave), and an init must reap orphans."""
+    With namespaces this process is pid 1 of the new pid namespace, so it also reaps orphans, and
+    the programs run as its children: the kernel ignores default-action signals sent to an init
+    from inside its namespace (abort() in the program itself would misbehave)."""
+    err_w = fds["err"]
     try:
         os.setsid()
+        if os.read(fds["go"], 1) != b"1":  # the launcher has moved us into the cgroup
+            os._exit(125)
+        os.close(fds["go"])
         mech = spec["mechanisms"]
         if mech["namespaces"]:
             _build_root(spec)
@@ -424,29 +591,109 @@ def _child(spec, err_w, alive_r, result_fd, init_w):
                 _drop_to_nobody()
         # After the id change, which clears it: if the launcher dies, so does the sandbox.
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if select.select([alive_r], [], [], 0)[0]:  # the launcher died before that line
+        if select.select([fds["alive"]], [], [], 0)[0]:  # the launcher died before that line
             os._exit(125)
-        if mech["namespaces"]:
-            prctl(PR_SET_DUMPABLE, 0)  # the program may not read or write this init's memory
-            program = os.fork()
-            if program:
-                _init(program, init_w, result_fd)
+        prctl(PR_SET_DUMPABLE, 0)  # no program may read or write the runner's memory
+        if spec["interactive"]:
+            # The program talks to the caller directly over the launcher's stdin and stdout.
+            stdio = {0: 0, 1: 1, 2: 2}
+        else:
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.close(null)
+            stdio = None
+        keep = {fds["report"], fds["events"], err_w} - {None}
+        if not spec["interactive"]:
+            keep |= {0, 1, 2}
+        for fd in range(0, 1 << 10):  # hold none of the caller's pipes beyond what is needed
+            if fd not in keep and fd not in (0, 1, 2):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.close(err_w)  # setup done: EOF tells the launcher
+        err_w = None
+    except BaseException as e:  # noqa: BLE001 - report and end
+        if err_w is not None:
+            try:
+                os.write(err_w, f"{type(e).__name__}: {e}".encode()[:2000])
+            finally:
+                os._exit(127)
+        os._exit(127)
+    _runner(spec, fds["report"], fds["events"], cwd, stdio)
+
+
+# -- the runner: one program per case ----------------------------------------------------------
+
+
+def _runner(spec, report_fd, events_fd, cwd, stdio):
+    ns = spec["mechanisms"]["namespaces"]
+    if ns:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Python's handler would let kill(1, SIGINT) in
+    for i, case in enumerate(spec["cases"]):
+        if i:
+            try:
+                _clear_dir(cwd)
+                _write_files(spec, cwd)
+            except OSError as e:
+                _send(report_fd, {"i": i, "status": "setup_error",
+                                  "reason": f"resetting the working directory: {e}"})
+                break
+        before = oom_kills(events_fd)
+        report = _run_case(spec, case, ns, cwd, stdio)
+        report["i"] = i
+        report["oom"] = oom_kills(events_fd) > before
+        _send(report_fd, report)
+    os._exit(0)
+
+
+def _send(fd, report):
+    data = marshal.dumps(report)
+    data = str(len(data)).encode() + b"\n" + data
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        view = view[n:]
+
+
+def _exec_program(spec, case, cwd, fds, err_w):
+    """In the case's child: limits, filter, descriptors, exec. Never returns."""
+    try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; the program should not
             signal.signal(sig, signal.SIG_DFL)
+        if spec["mechanisms"]["namespaces"]:
+            os.setpgid(0, 0)
+        else:  # a session of its own, killed at the case's end; and it dies with the runner
+            runner = os.getppid()
+            os.setsid()
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != runner:
+                os._exit(125)
         _set_limits(spec["limits"])
         prctl(PR_SET_NO_NEW_PRIVS, 1)
-        if mech["seccomp"]:
+        if spec["mechanisms"]["seccomp"]:
             load_seccomp(spec["libseccomp"])
-        if result_fd is not None:
-            os.dup2(result_fd, 3, inheritable=True)
-        for fd in (0, 1, 2):
-            os.set_inheritable(fd, True)
-        # Nothing else crosses the exec; err_w is close-on-exec and reports an exec failure.
-        low = 4 if result_fd is not None else 3
+        # Move the case's descriptors to 0-3 (via high numbers first, so none is overwritten).
+        high = {}
+        for target, fd in fds.items():
+            high[target] = os.dup(fd) if fd is not None else None
+        for target, fd in high.items():
+            if fd is not None:
+                os.dup2(fd, target, inheritable=True)
+        low = 4 if fds.get(3) is not None else 3
         os.closerange(low, err_w)
         os.closerange(err_w + 1, 1 << 16)
         env = dict(spec["env"], HOME=cwd, TMPDIR=cwd, PWD=cwd)
-        os.execve(spec["argv"][0], spec["argv"], env)
+        if case.get("harness") is not None:
+            os.close(err_w)  # set up: no exec will close it, and the runner waits for its EOF
+            _run_harness(spec, case["harness"], env)
+        argv = case["argv"]
+        os.execve(argv[0], argv, env)
     except BaseException as e:  # noqa: BLE001 - report and end
         try:
             os.write(err_w, f"{type(e).__name__}: {e}".encode()[:2000])
@@ -454,37 +701,242 @@ def _child(spec, err_w, alive_r, result_fd, init_w):
             os._exit(127)
 
 
-def _init(program, init_w, result_fd):
-    """pid 1: reap every child; when the program ends, report its wait status and resource use
-    to the launcher and exit, which makes the kernel kill whatever is left in the namespace."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Python's handler would let kill(1, SIGINT) in
-    keep = {init_w}
-    for fd in range(0, 1 << 10):  # hold none of the program's pipes open
-        if fd not in keep:
+def _run_harness(spec, job, env):
+    """The code verifier's harness (sandbox/harness.py, sent compiled) in this forked copy of the
+    runner's interpreter instead of a new one: the same process boundary and limits, without an
+    interpreter start-up per test case. The copy holds nothing secret (inputs, no expected
+    outputs) and shares no writable memory with the runner. Never returns."""
+    import builtins
+
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has
+        prctl(PR_SET_DUMPABLE, 1)  # an ordinary process again (the runner stays not dumpable)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv[:] = ["-c", job["mode"]]
+        code = marshal.loads(spec["harness_code"])
+    except BaseException:  # noqa: BLE001
+        os._exit(127)
+    exec(code, {"__name__": "__harness__", "__builtins__": builtins, "JOB": job})
+    os._exit(0)
+
+
+def _kill_rest(pid, ns):
+    """Every process of the case: with a pid namespace, all of them but this init (kill -1 from
+    pid 1); without, the case's session."""
+    try:
+        if ns:
+            os.kill(-1, signal.SIGKILL)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(ns, pid):
+    if ns:
+        while True:  # every process of the namespace is our child or was re-parented to us
             try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _run_case(spec, case, ns, cwd, stdio):
+    """Fork the program for one case and watch it: stdin fed, output read up to the caps, the
+    wall-clock limit from the fork on (so the program's start-up and imports count)."""
+    caps = case["caps"]
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    parent_ends, child_fds = {}, {}
+    if stdio is not None:  # interactive: the program uses the caller's pipes directly
+        child_fds = dict(stdio)
+    else:
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        child_fds[0], parent_ends["stdin"] = in_r, in_w
+        for target, name in ((1, "stdout"), (2, "stderr"), (3, "results")):
+            if name in caps:
+                r, w = os.pipe2(os.O_CLOEXEC)
+                child_fds[target], parent_ends[name] = w, r
+        if 1 not in child_fds:
+            child_fds[1] = os.open("/dev/null", os.O_WRONLY | os.O_CLOEXEC)
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(err_r)
+        for fd in parent_ends.values():
+            os.close(fd)
+        _exec_program(spec, case, cwd, child_fds, err_w)
+    os.close(err_w)
+    for target, fd in child_fds.items():
+        if stdio is None or fd not in (0, 1, 2):
+            os.close(fd)
+    if stdio is not None:  # the caller's pipes now belong to the program alone
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    setup_error = b""
+    while True:  # EOF when exec succeeds (close-on-exec) or the child ends
+        chunk = os.read(err_r, 4096)
+        if not chunk:
+            break
+        setup_error += chunk
+    os.close(err_r)
+    if setup_error:
+        for fd in parent_ends.values():
+            os.close(fd)
+        _reap(ns, pid)
+        return {"status": "setup_error", "reason": setup_error.decode(errors="replace")}
+
+    timeout = case["timeout_s"]
+    deadline = None if timeout is None else start + timeout
+    stdin = memoryview(case.get("stdin", b""))
+    bufs = {name: bytearray() for name in parent_ends if name != "stdin"}
+    seen = {name: [0] for name in bufs}
+    keeps = {name: case.get("stderr_keep") if name == "stderr" else None for name in bufs}
+    poller = select.poll()
+    names = {}
+    for name, fd in parent_ends.items():
+        if name == "stdin":
+            if stdin:
+                os.set_blocking(fd, False)
+                poller.register(fd, select.POLLOUT)
+                names[fd] = name
+            else:
                 os.close(fd)
-            except OSError:
-                pass
-    while True:
+        else:
+            poller.register(fd, select.POLLIN)
+            names[fd] = name
+    try:
+        pidfd = os.pidfd_open(pid)
+        poller.register(pidfd, select.POLLIN)
+    except (AttributeError, OSError):  # kernels before 5.3: poll for the exit instead
+        pidfd = None
+    status, overflow, wstatus, usage = None, None, None, None
+    while wstatus is None:
+        wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
+        if pidfd is None:
+            wait_ms = 10 if wait_ms < 0 else min(wait_ms, 10)
+        if deadline is not None and time.monotonic() >= deadline:
+            status = "timeout"
+            break
         try:
-            pid, wstatus, usage = os.wait4(-1, 0)
-        except ChildProcessError:
-            os._exit(1)
-        if pid == program:
-            os.write(init_w, marshal.dumps((wstatus, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)))
-            os._exit(0)
+            events = poller.poll(wait_ms)
+        except InterruptedError:
+            continue
+        for fd, ev in events:
+            if fd == pidfd:
+                continue
+            name = names.get(fd)
+            if name == "stdin":
+                try:
+                    sent = os.write(fd, stdin[:65536])
+                    stdin = stdin[sent:]
+                except BlockingIOError:
+                    continue
+                except OSError:  # the program closed its stdin
+                    stdin = stdin[:0]
+                if not stdin:
+                    poller.unregister(fd)
+                    os.close(fd)
+                    del names[fd]
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                poller.unregister(fd)
+                continue
+            if _keep(bufs[name], chunk, caps[name], seen[name], keeps[name]) and overflow is None:
+                overflow = name
+        if overflow is not None:
+            status = "output_limit"
+            break
+        done, st, ru = os.wait4(pid, os.WNOHANG)
+        if done:
+            wstatus, usage = st, ru
+    wall = time.monotonic() - start
+    if wstatus is None:  # timeout or overflow: the program is still running
+        _kill_rest(pid, ns)
+        if not ns:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _, wstatus, usage = os.wait4(pid, 0)
+    # What the program left behind (threads end with it; daemons, children) ends with the case.
+    _kill_rest(pid, ns)
+    _reap(ns, pid)
+    if pidfd is not None:
+        os.close(pidfd)
+    # Drain what was written before the end; every writer is gone, so EOF comes at once (without
+    # namespaces an escaped daemon may hold a pipe: never wait long).
+    drain_until = time.monotonic() + (0.0 if ns else 0.2)
+    for fd, name in list(names.items()):
+        if name == "stdin":
+            os.close(fd)
+            continue
+        os.set_blocking(fd, False)
+        while overflow is None:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                if time.monotonic() > drain_until:
+                    break
+                select.select([fd], [], [], 0.01)
+                continue
+            if not chunk:
+                break
+            if _keep(bufs[name], chunk, caps[name], seen[name], keeps[name]):
+                overflow = name
+                status = status or "output_limit"
+        os.close(fd)
+    report = {
+        "status": status or "exited",
+        "exit_code": os.waitstatus_to_exitcode(wstatus),
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "maxrss_kb": usage.ru_maxrss,
+        "wall_s": wall,
+        "overflow": overflow,
+    }
+    for name, buf in bufs.items():
+        keep = keeps[name]
+        report[name] = bytes(buf if keep is None else buf[-keep:])
+    return report
+
+
+def _keep(buf, chunk, cap, seen, keep):
+    """Append chunk to buf, keeping at most cap bytes, or only the last `keep` of them (a
+    case's stderr: the caller needs its end, not all of it). True once the stream has gone past
+    its cap; seen[0] counts every byte read."""
+    seen[0] += len(chunk)
+    over = seen[0] > cap
+    if over:
+        chunk = chunk[: max(0, len(chunk) - (seen[0] - cap))]
+    buf += chunk
+    if keep is not None and len(buf) > 2 * keep:
+        del buf[: len(buf) - keep]
+    return over
 
 
 def main():
     status_fd = int(sys.argv[1])
-    result_fd = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+    report_fd = int(sys.argv[2])
     status = {}
     workdir = None
+    cgroup = None
+    start = time.monotonic()
     try:
         spec = _read_header()
         mech = spec["mechanisms"]
         was_root = os.geteuid() == 0
         spec["root_mapped"] = was_root
+        if spec.get("cgroup"):
+            cgroup = Cgroup(spec["cgroup"])
         if mech["namespaces"]:
             _map_ids(was_root)
             flags = NS_FLAGS | (CLONE_NEWCGROUP if os.path.exists("/proc/self/ns/cgroup") else 0)
@@ -498,56 +950,57 @@ def main():
             spec["workdir"] = workdir
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
-        init_r, init_w = os.pipe2(os.O_CLOEXEC)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        fds = {"err": err_w, "alive": alive_r, "go": go_r, "report": report_fd,
+               "events": cgroup.events if cgroup else None}
         pid = os.fork()
         if pid == 0:
             os.close(err_r)
             os.close(alive_w)
-            os.close(init_r)
-            _child(spec, err_w, alive_r, result_fd, init_w)
+            os.close(go_w)
+            _child(spec, fds)
         os.close(err_w)
         os.close(alive_r)
-        os.close(init_w)
-        if result_fd is not None:
-            os.close(result_fd)  # only the program holds the write end now
+        os.close(go_r)
+        os.close(report_fd)  # only the runner holds the write end now
+        try:
+            if cgroup is not None:
+                cgroup.add(pid)
+            os.write(go_w, b"1")
+        finally:
+            os.close(go_w)
         os.close(0)
         os.close(1)
         os.close(2)
-        fired, start = [], time.monotonic()
+        fired = []
 
         def on_alarm(signum, frame):
-            fired.append(time.monotonic() - start)
+            fired.append(True)
             _kill(pid, mech)
 
         signal.signal(signal.SIGALRM, on_alarm)
         signal.signal(signal.SIGTERM, lambda s, f: _kill(pid, mech))
         setup_error = b""
-        while True:  # EOF when exec succeeds (close-on-exec) or the child ends
+        while True:  # EOF once the runner finished its setup (or ended)
             chunk = os.read(err_r, 4096)
             if not chunk:
                 break
             setup_error += chunk
-        # The time limit counts from the exec: building the sandbox is not the program's time.
+        os.close(err_r)
+        # Building the sandbox is not the program's time: the limit counts from here.
         start = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, float(spec["wall_s"]))
-        _, wstatus, usage = os.wait4(pid, 0)
+        if spec["wall_s"] is not None:
+            signal.setitimer(signal.ITIMER_REAL, float(spec["wall_s"]))
+        while True:
+            try:
+                _, wstatus, _ = os.wait4(pid, 0)
+                break
+            except InterruptedError:
+                continue
         signal.setitimer(signal.ITIMER_REAL, 0)
-        wall = time.monotonic() - start
-        cpu, maxrss = usage.ru_utime + usage.ru_stime, usage.ru_maxrss
-        if mech["namespaces"]:
-            report = os.read(init_r, 4096)  # the program's own status, from the init
-            if report:
-                wstatus, cpu, maxrss = marshal.loads(report)
-        else:
-            _kill(pid, mech)  # stragglers still in the process group
-        os.close(init_r)
-        status = {
-            "exit_code": os.waitstatus_to_exitcode(wstatus),
-            "cpu_s": cpu,
-            "maxrss_kb": maxrss,
-            "wall_s": wall,
-            "timed_out": bool(fired),
-        }
+        if not mech["namespaces"]:
+            _kill(pid, mech)  # stragglers still in the runner's session
+        status = {"runner_exit": os.waitstatus_to_exitcode(wstatus), "timed_out": bool(fired)}
         if setup_error:
             status["setup_error"] = setup_error.decode(errors="replace")
     except SetupError as e:
@@ -555,6 +1008,11 @@ def main():
     except Exception as e:  # noqa: BLE001 - the parent reads the reason from the status
         status = {"setup_error": f"{type(e).__name__}: {e}"}
     finally:
+        status["wall_s"] = time.monotonic() - start
+        if cgroup is not None:
+            status["memory_peak_bytes"] = cgroup.peak_bytes()
+            status["oom_kills"] = oom_kills(cgroup.events)
+            cgroup.remove()
         if workdir is not None:
             import shutil
 

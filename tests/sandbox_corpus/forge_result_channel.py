@@ -1,6 +1,6 @@
 # attack: writes forged results to the result fd and exits
 # mode: function
-# expect: wrong answer
+# expect: wrong answer|exited early
 import os
 
 def add(a, b):

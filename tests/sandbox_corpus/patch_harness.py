@@ -1,6 +1,6 @@
 # attack: replaces the harness's JSON writer and report function
 # mode: function
-# expect: wrong answer
+# expect: wrong answer|runtime error
 import sys
 main = sys.modules["__main__"]
 main.to_json = lambda value, depth=0: "999"
