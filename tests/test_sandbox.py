@@ -669,3 +669,21 @@ def test_no_project_path_inside_and_host_locks_are_not_blocked(sb):
     out = result["r"].stdout
     assert b"refused 1" in out and b"LOCKED" not in out
     assert str(ROOT).encode() not in out and sys.prefix.encode() not in out
+
+
+def test_read_only_paths_under_tmp_stay_visible_inside(tmp_path):
+    """A venv or a clone under /tmp (pytest's tmp_path is there) is bound in, not hidden by the
+    sandbox's own /tmp: it appears under inside_path(), read-only."""
+    from reinforge.sandbox import inside_path
+
+    lib = tmp_path / "site"
+    lib.mkdir()
+    (lib / "probe_mod.py").write_text("VALUE = 41 + 1\n")
+    assert str(lib).startswith("/tmp/") and inside_path(str(lib)) != str(lib)
+    sb = Sandbox(SandboxLimits(timeout_s=5.0), extra_ro_paths=[str(lib)])
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import probe_mod; print(probe_mod.VALUE)\n"
+            "try:\n    open(sys.argv[1] + '/new.txt', 'w')\nexcept OSError as e:\n    print(type(e).__name__)\n")
+    res = sb.run([sb.python, "-I", "-c", code, inside_path(str(lib))])
+    assert res.status == "ok", res.reason + res.stderr.decode()
+    assert res.stdout.decode().split() == ["42", "OSError"]
+    assert not (lib / "new.txt").exists()

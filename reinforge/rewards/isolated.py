@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from reinforge.sandbox import (Job, Sandbox, SandboxLimits, SandboxProcess, default_workers,
+from reinforge.sandbox import (Job, Sandbox, SandboxLimits, SandboxProcess, default_workers, inside_path,
                                memory_cgroup)
 from reinforge.tasks.base import Example, Task
 
@@ -107,7 +107,7 @@ class _Worker:
     def _start(self) -> None:
         sb = self.pool.sandbox
         argv = [sb.python, "-I", "-S", "-B", "-c", _WORKER.read_text(encoding="utf-8"),
-                os.pathsep.join(_package_paths())]
+                os.pathsep.join(inside_path(p) for p in _package_paths())]
         proc = sb.start(Job(argv, timeout_s=math.inf))
         try:
             line = proc.read_line(_REPLY_CAP, _START_TIMEOUT_S)

@@ -225,6 +225,16 @@ def sandbox_python() -> str:
     return os.path.realpath(exe)
 
 
+_HOST_TMP = "/.host-tmp"  # launcher.HOST_TMP
+
+
+def inside_path(path: str) -> str:
+    """Where a host path bound into the sandbox appears inside it: the same path, except under
+    /tmp, which is the sandbox's own tmpfs there (those are shown under /.host-tmp)."""
+    path = os.path.realpath(path)
+    return _HOST_TMP + path if path == "/tmp" or path.startswith("/tmp/") else path
+
+
 def _visible_paths(python: str, extra: Sequence[str], custom: bool = False
                    ) -> tuple[dict[str, str], list[str]]:
     symlinks: dict[str, str] = {}

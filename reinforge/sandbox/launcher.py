@@ -347,6 +347,16 @@ def _remount_readonly_tree(target):
         mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | _mount_flags(point))
 
 
+# The sandbox's own /tmp is a fresh tmpfs, which would hide a host path under /tmp bound at the same
+# place (a venv or a clone there): such paths are shown under this prefix instead. Sandbox.inside_path
+# in __init__.py applies the same rule (this file is sent alone, so it cannot import it).
+HOST_TMP = "/.host-tmp"
+
+
+def _inside(path):
+    return HOST_TMP + path if path == "/tmp" or path.startswith("/tmp/") else path
+
+
 def _makedirs(path, mode=0o755):
     os.makedirs(path, mode=mode, exist_ok=True)
 
@@ -366,7 +376,7 @@ def _build_root(spec):
         _makedirs(os.path.dirname("/newroot" + path))
         os.symlink(target, "/newroot" + path)
     for path in spec["ro_binds"]:
-        src, dst = "/oldroot" + path, "/newroot" + path
+        src, dst = "/oldroot" + path, "/newroot" + _inside(path)
         if os.path.isdir(src):
             _makedirs(dst)
         else:
