@@ -30,6 +30,7 @@ from reinforge.rewards.isolated import (
     ScorerPool,
     _package_paths,
 )
+from reinforge.sandbox import inside_path
 from reinforge.tasks import ReasoningGymTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,7 +198,7 @@ def test_even_a_scorer_that_runs_the_answer_stays_inside_the_sandbox(host):
     }
     program = "\n".join([
         "import sys",
-        f"sys.path[:0] = {list(_package_paths())!r}",
+        f"sys.path[:0] = {[inside_path(p) for p in _package_paths()]!r}",
         "from reasoning_gym import create_dataset",
         "ds = create_dataset('string_insertion', seed=0, size=2)",
         "entry = ds[0]",
