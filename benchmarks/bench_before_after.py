@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _machine import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPARED = ("reward_mean", "reward_std", "accuracy", "loss", "pg_loss", "grad_norm", "generated_tokens",
             "completion_length", "entropy")
@@ -95,7 +97,7 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "before": args.before, "after": args.after,
               "config": args.config, "overrides": overrides, "repeats": args.repeats, "warmup": args.warmup,
               "summary": summary, "step_time_ratio_after_over_before": ratio, "identical_metrics": same,
-              "cpu": _cpu(), "cores": os.cpu_count()}
+              "cpu": cpu_model(), "cores": os.cpu_count()}
     print(f"\n| commit | mean step (s) | median step (s) | tokens/s |\n|---|---|---|---|")
     for side in ("before", "after"):
         s = summary[side]
@@ -105,16 +107,6 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     history = json.loads(out.read_text()) if out.exists() else []
     out.write_text(json.dumps(history + [result], indent=1))
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

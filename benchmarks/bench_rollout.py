@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _machine import cpu_model
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "rollout.json"
 
@@ -209,16 +211,6 @@ def _versions() -> dict:
     return v
 
 
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a local model folder")
@@ -258,7 +250,7 @@ def main(argv=None) -> int:
 
     record = {
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
         "versions": _versions(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
         "results": results,

@@ -27,6 +27,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _machine import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -124,7 +126,7 @@ def main() -> None:
     mean = lambda xs: 1000 * statistics.fmean(xs)  # noqa: E731
     record = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu": _cpu_model(), "cpus_available": default_workers(), "kernel": platform.release(),
+        "machine": {"cpu": cpu_model(), "cpus_available": default_workers(), "kernel": platform.release(),
                     "python": platform.python_version(), "sandbox_python": sb.python,
                     "mechanisms": sb.mechanisms, "euid": os.geteuid()},
         "workers": workers,
@@ -156,16 +158,6 @@ def main() -> None:
     print(f"| code verifier, 6-test function problem, completions/s (pool of {workers}) | "
           f"{rate_harness_plain:.1f} | {rate_verifier:.1f} | {rate_verifier / rate_harness_plain:.2f}x |")
     print(f"\nraw numbers appended to {out.relative_to(ROOT)}")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _machine import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FUNCTION_PROBLEM = {
@@ -173,7 +175,7 @@ def main() -> None:
     med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in raw.items()}
     record = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu": _cpu_model(), "cpus": os.cpu_count(), "kernel": platform.release(),
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "kernel": platform.release(),
                     "python": platform.python_version(), "euid": os.geteuid()},
         "trees": {k: str(v) for k, v in trees.items()}, "args": vars(args), "raw": raw, "median": med,
     }
@@ -208,16 +210,6 @@ def main() -> None:
         f"{n}: {med[n]['step_code_errors']:.0f} (code), {med[n]['step_leg_counting_errors']:.0f} (leg_counting)"
         for n in names))
     print(f"raw numbers appended to {out.relative_to(ROOT)}")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
 
 
 if __name__ == "__main__":
