@@ -5,11 +5,12 @@ Each commit is checked out into a temporary git worktree; the runs alternate bet
 (before, after, before, after, ...) in fresh subprocesses of the same venv, so drift in the
 machine's speed hits both alike. For each run it reads ``metrics.jsonl`` and reports the mean step
 time over the measured steps (the first ``--warmup`` steps are left out: they pay for one-off
-allocation), tokens/s, and whether every step's rewards, losses and generated-token counts equal
+allocation), the ratio of the two commits' median step times for each neighbouring pair of runs
+(reported as the median ratio and its range), tokens/s, and whether every step's rewards, losses and generated-token counts equal
 the other commit's (the same seed should give the same numbers when a change keeps behaviour).
 
     python benchmarks/bench_before_after.py --before f0928c7 --after HEAD configs/main.yaml \\
-        trainer.steps=8 --repeats 2
+        trainer.steps=7 --repeats 3
 
 Overrides after the config are passed to ``reinforge train`` for both commits; evaluation and
 checkpoints are switched off unless given. Results are appended to
@@ -93,16 +94,24 @@ def main() -> None:
         [{k: m.get(k) for k in COMPARED} for m in a] == [{k: m.get(k) for k in COMPARED} for m in b]
         for a, b in zip(runs["before"], runs["after"])
     )
-    ratio = summary["after"]["step_s_mean"] / summary["before"]["step_s_mean"]
+    # One ratio per (before, after) pair of neighbouring runs: machine drift hits both alike.
+    pair_ratios = [
+        statistics.median(m["time_step"] for m in measured(a)) / statistics.median(m["time_step"] for m in measured(b))
+        for a, b in zip(runs["after"], runs["before"])
+    ]
+    ratio = statistics.median(pair_ratios)
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "before": args.before, "after": args.after,
               "config": args.config, "overrides": overrides, "repeats": args.repeats, "warmup": args.warmup,
-              "summary": summary, "step_time_ratio_after_over_before": ratio, "identical_metrics": same,
+              "summary": summary, "pair_ratios_after_over_before": pair_ratios,
+              "step_time_ratio_after_over_before": ratio, "identical_metrics": same,
               "cpu": cpu_model(), "cores": os.cpu_count()}
     print(f"\n| commit | mean step (s) | median step (s) | tokens/s |\n|---|---|---|---|")
     for side in ("before", "after"):
         s = summary[side]
         print(f"| {side} `{getattr(args, side)}` | {s['step_s_mean']:.2f} | {s['step_s_median']:.2f} | {s['tokens_per_s']:.1f} |")
-    print(f"\nstep time after / before: {ratio:.3f}; same logged numbers step by step: {same}")
+    print(f"\nstep time after / before (median step of each pair of runs): median {ratio:.3f}, range "
+          f"{min(pair_ratios):.3f}-{max(pair_ratios):.3f} over {len(pair_ratios)} pairs; "
+          f"same logged numbers step by step: {same}")
     out = ROOT / "benchmarks" / "results" / "before_after.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     history = json.loads(out.read_text()) if out.exists() else []
