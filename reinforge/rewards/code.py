@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reinforge.sandbox import Case, ExecResult, Job, Sandbox, SandboxLimits
-from reinforge.rewards.verifiers import VerifierResult, task_scorer
+from reinforge.rewards.verifiers import BatchVerifier, VerifierResult, task_scorer
 from reinforge.tasks.base import Example, Task
 from reinforge.tasks.code_task import CodeProblem
 
@@ -110,7 +110,7 @@ def stdout_matches(got: str, expected: str) -> bool:
     return _lines(got) == _lines(expected)
 
 
-class CodeVerifier:
+class CodeVerifier(BatchVerifier):
     """Runs the completion's code in a sandbox. Options (reward.verifiers[].options):
 
     mode:             "tests": run the problem's tests (task.source=code); "stdout_answer": the
@@ -170,13 +170,7 @@ class CodeVerifier:
         self.scorer = (task_scorer(task, timeout_s=scorer_timeout_s, isolation=isolation)
                        if mode == "stdout_answer" else None)
 
-    # -- one and many --------------------------------------------------------------------------
-
-    def __call__(self, completion: str, example: Example) -> VerifierResult:
-        out = self.score_batch([completion], [example])[0]
-        if isinstance(out, BaseException):
-            raise out
-        return out
+    # -- a batch ------------------------------------------------------------------------------
 
     def score_batch(self, completions: Sequence[str], examples: Sequence[Example]
                     ) -> list[VerifierResult | Exception]:

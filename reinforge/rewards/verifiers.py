@@ -68,7 +68,22 @@ def task_scorer(task: Task, *, timeout_s: float = 10.0, memory_mb: int = 2048,
     return _InProcessScorer(task)
 
 
-class TaskVerifier:
+class BatchVerifier:
+    """A verifier that scores whole batches (``score_batch``, which RewardFunction calls once per
+    batch); scoring one completion is a batch of one."""
+
+    def __call__(self, completion: str, example: Example) -> VerifierResult:
+        out = self.score_batch([completion], [example])[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]
+                    ) -> list[VerifierResult | Exception]:
+        raise NotImplementedError
+
+
+class TaskVerifier(BatchVerifier):
     """The task's own scorer on the extracted answer. reasoning-gym scorers give partial credit
     (e.g. the right number inside extra words); only a score reaching `threshold` is correct.
 
@@ -91,12 +106,6 @@ class TaskVerifier:
         self.threshold = threshold
         self.scorer = task_scorer(task, timeout_s=timeout_s, memory_mb=memory_mb,
                                   isolation=isolation, workers=workers)
-
-    def __call__(self, completion: str, example: Example) -> VerifierResult:
-        out = self.score_batch([completion], [example])[0]
-        if isinstance(out, BaseException):
-            raise out
-        return out
 
     def score_batch(self, completions: Sequence[str], examples: Sequence[Example]
                     ) -> list[VerifierResult | Exception]:
