@@ -99,11 +99,6 @@ class RolloutBatch:
         return self.completion_ids.shape[0]
 
     @property
-    def completion_lengths(self) -> torch.Tensor:
-        """[N] real tokens after each prompt (the model's and observations)."""
-        return self.completion_mask.sum(dim=1)
-
-    @property
     def action_lengths(self) -> torch.Tensor:
         """[N] tokens the model wrote in each row."""
         return self.action_mask.sum(dim=1)

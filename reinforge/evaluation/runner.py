@@ -73,7 +73,7 @@ def greedy_heldout_eval(
     correct = [float(o.correct) for o in outcomes]
     rewards = [o.reward for o in outcomes]
     summary = accuracy_summary(correct, rewards, seed=seed)
-    summary["completion_length"] = float(rollout.completion_lengths.float().mean())
+    summary["completion_length"] = float(rollout.action_lengths.float().mean())
     per_prompt = [
         {"id": e.id, "answer": e.answer, "completion": t, "correct": c, "reward": r}
         for e, t, c, r in zip(examples, rollout.texts, correct, rewards)
@@ -260,7 +260,7 @@ def sampled_eval(
     encode = functools.partial(encode_prompt, tokenizer)
     rollout, scores = generate_and_score(generator, setup.reward_fn, setup.examples, encode, params)
     outcomes = scores.outcomes
-    lengths = rollout.completion_lengths.tolist()
+    lengths = rollout.action_lengths.tolist()
     rows = []
     for i, e in enumerate(setup.examples):
         sl = slice(i * samples, (i + 1) * samples)
