@@ -21,7 +21,6 @@ from reinforge.algorithms import (
 from reinforge.algorithms.advantages import _scale_by_std
 from reinforge.config import ConfigError, build_config
 from reinforge.learner.memory import ModelShape, estimate_memory
-from reinforge.recipes import RECIPES
 
 F64 = torch.float64
 

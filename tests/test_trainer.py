@@ -4,7 +4,6 @@ bad input, failing rewards and NaN losses."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
