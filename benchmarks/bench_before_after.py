@@ -100,7 +100,8 @@ def main() -> None:
         for a, b in zip(runs["after"], runs["before"])
     ]
     ratio = statistics.median(pair_ratios)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "before": args.before, "after": args.after,
+    shas = {side: tree.name for side, tree in trees.items()}  # worktrees are named by their commit
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "before": shas["before"], "after": shas["after"],
               "config": args.config, "overrides": overrides, "repeats": args.repeats, "warmup": args.warmup,
               "summary": summary, "pair_ratios_after_over_before": pair_ratios,
               "step_time_ratio_after_over_before": ratio, "identical_metrics": same,
@@ -108,7 +109,7 @@ def main() -> None:
     print(f"\n| commit | mean step (s) | median step (s) | tokens/s |\n|---|---|---|---|")
     for side in ("before", "after"):
         s = summary[side]
-        print(f"| {side} `{getattr(args, side)}` | {s['step_s_mean']:.2f} | {s['step_s_median']:.2f} | {s['tokens_per_s']:.1f} |")
+        print(f"| {side} `{shas[side]}` | {s['step_s_mean']:.2f} | {s['step_s_median']:.2f} | {s['tokens_per_s']:.1f} |")
     print(f"\nstep time after / before (median step of each pair of runs): median {ratio:.3f}, range "
           f"{min(pair_ratios):.3f}-{max(pair_ratios):.3f} over {len(pair_ratios)} pairs; "
           f"same logged numbers step by step: {same}")
