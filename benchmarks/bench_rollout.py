@@ -112,6 +112,8 @@ def worker_hf(args) -> dict:
         raw_model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.bfloat16 if bf16 else torch.float32, local_files_only=True
         ).eval()
+    device = next(model.parameters()).device  # model.device=auto: the GPU when there is one
+    raw_model.to(device)
     prompts = _prompts(tok, args.prompts, args.seed)
     n = len(prompts) * args.samples
     # As the trainer builds it: with model.dtype=bfloat16 a bf16 copy (rollout.hf_bf16_copy).
@@ -126,8 +128,9 @@ def worker_hf(args) -> dict:
 
     def raw():
         with torch.no_grad():
-            out = raw_model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen_cfg)
-        return _real_tokens_hf(out, ids.shape[1], gen.eos_ids)
+            out = raw_model.generate(input_ids=ids.to(device), attention_mask=mask.long().to(device),
+                                     generation_config=gen_cfg)
+        return _real_tokens_hf(out.cpu(), ids.shape[1], gen.eos_ids)
 
     def run(g):
         def fn():
@@ -141,7 +144,7 @@ def worker_hf(args) -> dict:
         fns["generator_shared_weights"] = run(
             HFGenerator(model, tok, batch_size=args.batch_size or n, autocast_dtype=torch.bfloat16)
         )
-    return _alternate(args, fns, extra={"threads": torch.get_num_threads()})
+    return _alternate(args, fns, extra={"threads": torch.get_num_threads(), "device": str(device)})
 
 
 def worker_vllm(args) -> dict:

@@ -25,6 +25,7 @@ measured steps / summed wall time of the measured steps. Warm-up steps are run b
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime as _dt
 import json
@@ -127,6 +128,7 @@ def reinforge_overrides(spec: dict, output_dir: str) -> list[str]:
     return [
         f"model.path={spec['reinforge_model_path']}",
         f"model.dtype={spec.get('dtype', 'float32')}",
+        f"model.device={spec.get('device', 'cpu')}",
         "model.gradient_checkpointing=false",
         f"task.name={spec['task']}",
         f"task.options={json.dumps(spec['task_options'])}",
@@ -199,6 +201,13 @@ def worker_prepare(spec: dict, result_path: str) -> None:
     Path(result_path).write_text(json.dumps(out))
 
 
+def _peak_gpu_gb() -> float | None:
+    """Peak memory torch allocated on the GPU in this worker (None on a CPU run)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / GB if torch.cuda.is_available() else None
+
+
 def worker_reinforge(spec: dict, result_path: str) -> None:
     import torch
 
@@ -219,9 +228,8 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
 
         def train_step(self, step: int):
             # Peek at the prompts this step will draw, without moving the real sampler.
-            peek = type(self.sampler)(self.sampler.n, self.sampler.seed)
-            peek.load(self.sampler.state())
-            step_prompts[step] = [self.train_examples[i].id for i in peek.next(self.cfg.trainer.prompts_per_step)]
+            peek = copy.deepcopy(self.curriculum)
+            step_prompts[step] = [self.train_examples[i].id for i in peek.sample(self.cfg.trainer.prompts_per_step)]
             measured = step > warmup
             if measured:
                 sampler.open_window()
@@ -264,6 +272,7 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
         "ru_maxrss_gb": _ru_maxrss_bytes() / GB,
         "rss_samples": sampler.samples,
         "threads": torch.get_num_threads(),
+        "peak_gpu_allocated_gb": _peak_gpu_gb(),
         "settings": {"micro_batch_tokens": cfg.learner.micro_batch_tokens, "loss_agg": cfg.algorithm.loss_agg,
                      "logits_chunk_tokens": cfg.learner.logits_chunk_tokens, "dtype": cfg.model.dtype,
                      "share_prompt_prefix": cfg.learner.share_prompt_prefix,
@@ -303,7 +312,7 @@ def trl_args(spec: dict, output_dir: str) -> dict:
         bf16=spec.get("dtype", "float32") == "bfloat16",  # mixed precision (autocast), fp32 master weights
         fp16=False,
         gradient_checkpointing=False,  # TRL defaults it ON; reinforge defaults it off
-        use_cpu=True,
+        use_cpu=spec.get("device", "cpu") == "cpu",
         max_steps=spec["warmup"] + spec["steps"],
         logging_steps=1,
         report_to=[],
@@ -460,6 +469,7 @@ def worker_trl(spec: dict, result_path: str) -> None:
         "ru_maxrss_gb": _ru_maxrss_bytes() / GB,
         "rss_samples": sampler.samples,
         "threads": torch.get_num_threads(),
+        "peak_gpu_allocated_gb": _peak_gpu_gb(),
         "prompt_tokens": trl_prompt_tokens,
         "prompt_tokens_reinforge_encoding": reinforge_prompt_tokens,
         "gradient_checkpointing_on": checkpointing,
@@ -558,9 +568,11 @@ def markdown_table(record: dict) -> str:
         ("generation share of step time", "generate_share", 2),
         ("peak RSS during steps (GB)", "peak_rss_steps_gb", 3),
         ("peak RSS whole process, sampled (GB)", "peak_rss_sampled_gb", 3),
+        ("peak GPU memory allocated by torch (GB)", "peak_gpu_allocated_gb", 3),
         ("ru_maxrss whole process (GB)", "ru_maxrss_gb", 3),
     ]
-    ratio_keys = {"tokens_per_s": "tokens_per_s", "peak_rss_steps_gb": "peak_rss_steps", "ru_maxrss_gb": "ru_maxrss"}
+    ratio_keys = {"tokens_per_s": "tokens_per_s", "peak_rss_steps_gb": "peak_rss_steps", "ru_maxrss_gb": "ru_maxrss",
+                  "peak_gpu_allocated_gb": "peak_gpu"}
     head = "| metric | " + " | ".join(names) + (" | reinforge / TRL |" if len(names) == 2 else " |")
     lines = [head, "|" + "---|" * (len(names) + 1 + (len(names) == 2))]
     for label, key, nd in rows:
@@ -609,6 +621,7 @@ def parent(args: argparse.Namespace) -> None:
             "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
             "steps": args.steps, "warmup": args.warmup, "threads": threads, "seed": args.seed,
             "lr": 1e-6, "workdir": str(workdir), "dtype": args.dtype, "timeout": args.timeout,
+            "device": args.device,
             "reinforge_overrides": list(args.reinforge_option or []),
         }
         spec.update(_run_child("prepare", spec, workdir, args.verbose))
@@ -640,6 +653,7 @@ def parent(args: argparse.Namespace) -> None:
             "tokens_per_s": ratio(r["tokens_per_s"], t["tokens_per_s"]),
             "peak_rss_steps": ratio(r["peak_rss_steps_gb"], t["peak_rss_steps_gb"]),
             "ru_maxrss": ratio(r["ru_maxrss_gb"], t["ru_maxrss_gb"]),
+            "peak_gpu": ratio(r.get("peak_gpu_allocated_gb"), t.get("peak_gpu_allocated_gb")),
         }
         ratios["prompts_match"] = r["prompt_ids"] == t["prompt_ids"]
     if "trl" in ok:
@@ -716,6 +730,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps before them")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: all cores)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="both frameworks: reinforge model.device, TRL use_cpu (TRL generates with "
+                        "transformers' generate on the GPU; its vLLM mode needs vLLM installed)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="both frameworks: fp32, or bf16 mixed precision (autocast over fp32 master weights: "
                         "reinforge model.dtype=bfloat16, TRL bf16=True)")

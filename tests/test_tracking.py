@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import json
 import os
 from pathlib import Path
@@ -142,7 +144,8 @@ def test_create_writes_config_environment_status(cfg):
 
     assert env["torch"]["version"] == torch.__version__
     assert env["torch"]["num_threads"] >= 1
-    assert env["packages"]["torch"] == torch.__version__
+    # the distribution's version: a CUDA build's __version__ adds a local tag (2.11.0+cu130)
+    assert env["packages"]["torch"] == importlib.metadata.version("torch")
     assert "numpy" in env["packages"] and "pydantic" in env["packages"]
     assert env["python"]["version"] and env["cpu_count"] >= 1
     assert env["git"]["commit"] is None  # not a repository: recorded, not an error

@@ -195,7 +195,7 @@ def test_repeated_nan_stops_with_checkpoint_intact(tmp_path, tiny_model_dir, mon
     # skipped updates left the weights as they were at the checkpoint
     saved = load_checkpoint(ckpt)["weights"]
     for name, p in trainer.model.named_parameters():
-        assert torch.equal(saved[name], p.detach()), name
+        assert torch.equal(saved[name], p.detach().cpu()), name
 
 
 def test_bad_model_path_fails_before_loading(tmp_path):
