@@ -37,7 +37,7 @@ def test_greedy_generation_on_cuda_matches_cpu():
 def test_trainer_runs_on_cuda(tmp_path):
     model_dir = tmp_path / "model"
     save_tiny_model(model_dir, hidden=32, layers=1)
-    cfg = _config(tmp_path, model_dir, "model.device=cuda", "model.dtype=bfloat16",
+    cfg = _config(tmp_path, model_dir, "model.device=cuda", "model.dtype=float32",
                   "trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=2")
     result = Trainer(cfg).run()
     rd = RunDir.open(result.run_dir)
