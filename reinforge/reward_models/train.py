@@ -252,6 +252,50 @@ def format_summary(ev: dict[str, Any], run: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- fitting
+
+
+def fit_reward_model(scorer: ScalarHeadModel, optimizer, examples: list[tuple[str, list[int], list[float]]], *,
+                     epochs: int, batch_size: int, seed: int = 0, start_epoch: int = 0, grad_clip: float = 1.0,
+                     on_epoch=None) -> list[float]:
+    """Binary cross-entropy of the scorer's logit at each labelled position: ``examples`` are
+    (text, character offsets whose token is scored, a label in [0, 1] per offset). Epochs
+    ``start_epoch + 1 .. epochs``, each in a seeded order; ``on_epoch(epoch, mean loss, seconds)``
+    after each (the checkpoint). Returns the mean loss of each epoch run."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    history = []
+    for epoch in range(start_epoch + 1, epochs + 1):
+        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+        scorer.train()
+        losses, t0 = [], time.perf_counter()
+        for b in range(0, len(order), batch_size):
+            batch = [examples[int(i)] for i in order[b : b + batch_size]]
+            enc = scorer.encode([t for t, _, _ in batch])
+            where = scorer.locate(enc, [p for _, p, _ in batch])
+            logits = scorer.position_logits(enc["input_ids"], enc["attention_mask"])
+            picked, targets = [], []
+            for i, (idx, (_, _, ys)) in enumerate(zip(where, batch)):
+                for j, y in zip(idx, ys):
+                    if j >= 0:  # a position truncation dropped is not learned from
+                        picked.append(logits[i, j])
+                        targets.append(float(y))
+            if not picked:
+                continue
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                torch.stack(picked), torch.tensor(targets, device=logits.device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        scorer.eval()
+        mean = float(np.mean(losses)) if losses else float("nan")
+        history.append(mean)
+        if on_epoch is not None:
+            on_epoch(epoch, mean, time.perf_counter() - t0)
+    return history
+
+
 # ----------------------------------------------------------------------------- the stages
 
 
@@ -437,36 +481,14 @@ class RewardModelTrainer:
         if not examples:
             raise ValueError("no labelled training completion has a step to learn from; check rm.separator/pattern "
                              "against what the model writes (data/train.jsonl)")
-        for epoch in range(start + 1, rm.epochs + 1):
-            order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(self.cfg.run.trainer.seed + epoch))
-            scorer.train()
-            losses = []
-            t0 = time.perf_counter()
-            for b in range(0, len(order), rm.batch_size):
-                batch = [examples[int(i)] for i in order[b : b + rm.batch_size]]
-                enc = scorer.encode([t for t, _, _ in batch])
-                where = scorer.locate(enc, [p for _, p, _ in batch])
-                logits = scorer.position_logits(enc["input_ids"], enc["attention_mask"])
-                picked, targets = [], []
-                for i, (idx, (_, _, ys)) in enumerate(zip(where, batch)):
-                    for j, y in zip(idx, ys):
-                        if j >= 0:
-                            picked.append(logits[i, j])
-                            targets.append(y)
-                if not picked:
-                    continue
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                    torch.stack(picked), torch.tensor(targets, device=logits.device))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                losses.append(float(loss))
-            scorer.eval()
-            rd.log_metrics(epoch, {"rm_loss": float(np.mean(losses)) if losses else float("nan"),
-                                   "rm_examples": float(len(examples)), "time_epoch": time.perf_counter() - t0})
+
+        def checkpoint(epoch: int, loss: float, seconds: float) -> None:
+            rd.log_metrics(epoch, {"rm_loss": loss, "rm_examples": float(len(examples)), "time_epoch": seconds})
             save_checkpoint(rd.path, epoch, weights={k: v.detach().cpu() for k, v in model.state_dict().items()},
                             optimizer_state={"optimizer": opt.state_dict()}, trainer_state={"kind": rm.kind})
+
+        fit_reward_model(scorer, opt, examples, epochs=rm.epochs, start_epoch=start, batch_size=rm.batch_size,
+                         seed=self.cfg.run.trainer.seed, on_epoch=checkpoint)
         self._hf_model = model
         return scorer, tok
 
