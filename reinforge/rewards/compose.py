@@ -107,7 +107,9 @@ class RewardFunction:
     A verifier with a ``score_batch(completions, examples)`` method (the code verifier, which runs
     a batch in parallel) is called once per batch instead; it returns one VerifierResult or
     Exception per sample and bounds its own time. A verifier with ``takes_trajectory = True`` is
-    called with the row's ``Trajectory`` (tokens, action mask, segments) instead of its text.
+    called with the row's ``Trajectory`` (tokens, action mask, segments) instead of its text (a
+    batched one, such as a reward model, with the batch's trajectories). A result with
+    ``in_reward=False`` is recorded in ``components`` but only its token rewards enter the reward.
     """
 
     def __init__(
