@@ -38,6 +38,29 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_rm(args: argparse.Namespace) -> int:
+    """`reinforge train-rm CONFIG [key=value ...]` or `--resume RUN_DIR`: an outcome RM or a PRM
+    trained on labels made here, measured on held-out prompts (reinforge/reward_models/train.py)."""
+    from .reward_models.train import RewardModelTrainer, RMRunConfig, load_rm_config
+    from .tracking import RunDir
+
+    if args.config and "=" in args.config and not Path(args.config).exists():
+        args.overrides.insert(0, args.config)
+        args.config = None
+    if args.resume:
+        if args.config:
+            raise ConfigError(f"--resume continues {args.resume} under its saved config (got {args.config!r})")
+        rd = RunDir.open(args.resume)
+        if rd.kind != "train_rm":
+            raise ConfigError(f"{args.resume} is not a train-rm run (resume training runs with `reinforge train --resume`)")
+        trainer = RewardModelTrainer(RMRunConfig.from_dict(rd.load_config(), args.overrides), run_dir=rd, resume=True)
+    else:
+        trainer = RewardModelTrainer(load_rm_config(args.config, args.overrides))
+    path = trainer.run()
+    print(f"run directory: {path}\nreward model: {path / 'final_model'}")
+    return 0
+
+
 def _recipes(args: argparse.Namespace) -> int:
     """`reinforge recipes`: one line per recipe with its paper; `recipes show NAME`: the paper,
     notes and the full resolved config the recipe starts from (any key can be overridden)."""
@@ -85,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--new-segment", action="store_true",
                     help="with --resume: accept overrides that change what a step computes (lr, task, "
                     "algorithm, ...); the run continues in a new, recorded segment")
+    trm = sub.add_parser("train-rm", help="train an outcome RM or a PRM (Math-Shepherd labels) and measure it",
+                         description="Label completions with the verifiers (outcome) or Monte-Carlo rollouts from each "
+                         "step (PRM, Math-Shepherd), train a reward model on them, and report held-out step AUC and "
+                         "best-of-N against majority vote (docs/reward_models.md).")
+    trm.add_argument("config", nargs="?", help="YAML config: a training config plus an rm: section")
+    trm.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rm.mc_rollouts=8")
+    trm.add_argument("--resume", metavar="RUN_DIR", help="continue a train-rm run")
     rc = sub.add_parser("recipes", help="list recipes with their papers; `recipes show NAME` prints one preset")
     rc.add_argument("name", nargs="*", metavar="show NAME")
     _add_experiment_commands(sub)
@@ -104,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "train-rm":
+            return _train_rm(args)
         if args.command in _EXPERIMENT_COMMANDS:
             return _EXPERIMENT_COMMANDS[args.command](args)
         return _recipes(args)

@@ -142,7 +142,8 @@ class TaskConfig(_Section):
 
 
 class VerifierSpec(_Section):
-    name: Literal["task", "math_verify", "exact_match", "format", "python", "code"] = Field(
+    name: Literal["task", "math_verify", "exact_match", "format", "python", "code",
+                  "outcome_rm", "prm", "judge", "implicit_prm"] = Field(
         ...,
         description="'task': the task's own scorer (reasoning-gym's score_answer); 'math_verify': "
         "symbolic equivalence with math-verify; 'exact_match': normalised string equality; "
@@ -151,10 +152,27 @@ class VerifierSpec(_Section):
         "completion's code in a sandbox against the problem's tests (options: mode, "
         "partial_credit, timeout_s, memory_mb, max_processes, max_output_bytes, total_memory_mb, "
         "isolation, workers, scorer_timeout_s; docs/sandbox.md). reasoning-gym's scorers run in "
-        "sandboxed worker processes (task options: timeout_s, memory_mb, isolation, workers).",
+        "sandboxed worker processes (task options: timeout_s, memory_mb, isolation, workers). "
+        "Reward models, loaded from local folders onto model.device (docs/reward_models.md): "
+        "'outcome_rm' (a score per completion), 'prm' (a process reward model's step scores, "
+        "credit-assigned to token rewards: options credit=min|sum, temperature, gamma), 'judge' "
+        "(a causal LM's probability of 'Yes', per answer or per step), 'implicit_prm' (PRIME's "
+        "online-updated implicit PRM, arXiv:2502.01456).",
     )
     weight: float = Field(1.0, description="Weight of this verifier in the summed reward.")
     options: dict[str, Any] = Field(default_factory=dict)
+
+
+class HackingGuardConfig(_Section):
+    """The reward-hacking guard (reinforge/reward_models/guard.py), on when a reward-model
+    verifier is configured: logs rm_reward beside verifier_accuracy each step and warns (metric
+    rm_hacking=1) when the first rises while the second falls over a window, the failure PURE
+    (Cheng et al., 2025, arXiv:2504.15275) saw within 200 steps of PRM-only training."""
+
+    enabled: bool = Field(True, description="Watch the reward models' reward against verifier accuracy.")
+    window: int = Field(20, ge=4, description="Steps compared: the window's second half against its first.")
+    min_rise: float = Field(0.02, ge=0, description="Rise of the mean reward-model reward that counts.")
+    min_fall: float = Field(0.02, ge=0, description="Fall of the verifier accuracy that counts.")
 
 
 class RewardConfig(_Section):
@@ -180,6 +198,7 @@ class RewardConfig(_Section):
         description="A sample counts as correct (accuracy) when the 'task'/'math_verify'/"
         "'exact_match' correctness score reaches this value; partial credit does not count.",
     )
+    hacking_guard: HackingGuardConfig = Field(default_factory=HackingGuardConfig)
 
 
 class RolloutConfig(_Section):

@@ -46,6 +46,17 @@ from reinforge.algorithms.losses import (
     truncated_importance_weights,
     value_loss,
 )
+from reinforge.algorithms.credit import (
+    CREDIT_RULES,
+    credit_options,
+    implicit_prm_loss,
+    implicit_process_rewards,
+    min_form_credit,
+    outcome_process_mixture,
+    register_credit,
+    step_returns,
+    sum_form_credit,
+)
 from reinforge.algorithms.needs import needs_of
 from reinforge.algorithms.registry import Needs, Registry
 
@@ -61,4 +72,6 @@ __all__ = [
     "kl_penalty", "entropy_from_logits", "truncated_importance_weights", "covariance_token_selection",
     "tokens_with_gradient", "kl_cov_loss", "apply_cov_penalty",
     "aggregate_loss",
+    "CREDIT_RULES", "register_credit", "credit_options", "step_returns", "sum_form_credit", "min_form_credit",
+    "outcome_process_mixture", "implicit_process_rewards", "implicit_prm_loss",
 ]

@@ -107,7 +107,9 @@ class RewardFunction:
     A verifier with a ``score_batch(completions, examples)`` method (the code verifier, which runs
     a batch in parallel) is called once per batch instead; it returns one VerifierResult or
     Exception per sample and bounds its own time. A verifier with ``takes_trajectory = True`` is
-    called with the row's ``Trajectory`` (tokens, action mask, segments) instead of its text.
+    called with the row's ``Trajectory`` (tokens, action mask, segments) instead of its text (a
+    batched one, such as a reward model, with the batch's trajectories). A result with
+    ``in_reward=False`` is recorded in ``components`` but only its token rewards enter the reward.
     """
 
     def __init__(
@@ -147,18 +149,37 @@ class RewardFunction:
         for key, verifier, _, _ in self._entries:
             if hasattr(verifier, "score_batch"):
                 try:
-                    batched[key] = list(verifier.score_batch(completions, examples))
+                    # A batched trajectory verifier (a reward model on the learner's device) gets
+                    # the rows' trajectories, one forward pass per batch.
+                    if getattr(verifier, "takes_trajectory", False):
+                        if trajectories is None:
+                            raise ValueError("this verifier scores trajectories; score the batch with RewardFunction.score")
+                        batched[key] = list(verifier.score_batch(trajectories, examples))
+                    else:
+                        batched[key] = list(verifier.score_batch(completions, examples))
                 except Exception as err:  # noqa: BLE001 - every sample gets this error
                     batched[key] = [err] * len(completions)
         return [self._score_one(c, e, {k: v[i] for k, v in batched.items()},
                                 trajectories[i] if trajectories is not None else None)
                 for i, (c, e) in enumerate(zip(completions, examples))]
 
-    def score(self, rollout: RolloutBatch, examples: Sequence[Example]) -> Scores:
+    @property
+    def reward_model_keys(self) -> list[str]:
+        """Component names of the reward-model verifiers (what the reward-hacking guard watches)."""
+        return [key for key, verifier, _, _ in self._entries if getattr(verifier, "is_reward_model", False)]
+
+    def score(self, rollout: RolloutBatch, examples: Sequence[Example], *, learn: bool = False) -> Scores:
         """Score every row of ``rollout`` (``examples``: one per row) and shape the rewards by the
-        number of tokens the model wrote."""
+        number of tokens the model wrote. ``learn`` (training batches only): verifiers that learn
+        online from the outcome labels (PRIME's implicit PRM: ``learn_from_outcomes``) update
+        after scoring, so a batch is scored by the model that has not seen its labels."""
         trajectories = [rollout.trajectory(i) for i in range(len(rollout))]
         outcomes = self(rollout.texts, examples, trajectories)
+        if learn:
+            correct = torch.tensor([float(o.correct) for o in outcomes])
+            for _, verifier, _, _ in self._entries:
+                if hasattr(verifier, "learn_from_outcomes"):
+                    verifier.learn_from_outcomes(trajectories, examples, correct)
         rewards = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
         shaped = rewards if self.shaping is None else rewards + self.shaping(rollout.action_lengths)
         token = None
@@ -205,7 +226,8 @@ class RewardFunction:
                 components[key] = 0.0
                 continue
             components[key] = score
-            reward += weight * score
+            if getattr(result, "in_reward", True):
+                reward += weight * score
             if token_rewards is not None:
                 token = [0.0] * len(token_rewards) if token is None else token
                 token = [t + weight * x for t, x in zip(token, token_rewards)]
@@ -238,7 +260,13 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task: Task, i: int):
+def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task: Task, i: int,
+                   device=None, policy_tokenizer=None):
+    if name not in _OPTIONS:  # a reward model (reinforge/reward_models): loads on the learner's device
+        from reinforge.reward_models.verifiers import build_reward_model_verifier
+
+        return build_reward_model_verifier(name, options, device=device or "cpu", policy_tokenizer=policy_tokenizer,
+                                           where=f"reward.verifiers[{i}]")
     accepted = _OPTIONS[name]
     unknown = [k for k in options if k not in accepted]
     if unknown:
@@ -271,15 +299,18 @@ def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task
     return FormatVerifier(answer_format=fmt)
 
 
-def build_reward(cfg: "RewardConfig", task: Task, *, max_new_tokens: int | None = None) -> RewardFunction:
-    """The reward function a config describes; bad verifier options fail here, before any model
-    loads. With ``max_new_tokens`` (training), the configured length shaping is part of it."""
+def build_reward(cfg: "RewardConfig", task: Task, *, max_new_tokens: int | None = None, device=None,
+                 policy_tokenizer=None) -> RewardFunction:
+    """The reward function a config describes; bad verifier options fail here, before the policy
+    loads. With ``max_new_tokens`` (training), the configured length shaping is part of it.
+    Reward-model verifiers load on ``device`` (the learner's) and place token rewards on the
+    policy's tokens through ``policy_tokenizer`` (without it they give scores only)."""
     needed = getattr(task, "needs_verifier", None)  # e.g. code tasks: only running code scores them
     if needed and not any(spec.name == needed for spec in cfg.verifiers):
         raise ValueError(f"task {task.name} is scored by the {needed!r} verifier; set "
                          f"reward.verifiers=[{{name: {needed}}}]")
     verifiers = [
-        (_make_verifier(spec.name, dict(spec.options), cfg, task, i), spec.weight)
+        (_make_verifier(spec.name, dict(spec.options), cfg, task, i, device, policy_tokenizer), spec.weight)
         for i, spec in enumerate(cfg.verifiers)
     ]
     if not any(v.name in CORRECTNESS_VERIFIERS for v, _ in verifiers):

@@ -22,12 +22,17 @@ class VerifierResult:
     token_rewards: optional dense rewards, one per token of the trajectory after the prompt
     (``Trajectory.token_ids``), for verifiers that judge parts of a completion (a process reward
     model's step scores sit on each step's last token). Only the model's own tokens keep theirs.
-    A verifier sees the trajectory instead of the text when it sets ``takes_trajectory = True``."""
+    A verifier sees the trajectory instead of the text when it sets ``takes_trajectory = True``.
+
+    in_reward: False when the token rewards are the verifier's whole contribution and its score
+    is only recorded (components, logs, the reward-hacking guard), e.g. a PRM whose credit-assigned
+    step rewards already sum to its judgement."""
 
     score: float
     correct: bool | None = None
     details: dict = field(default_factory=dict)
     token_rewards: list[float] | None = None
+    in_reward: bool = True
 
 
 @runtime_checkable

@@ -170,10 +170,10 @@ def format_runs_table(infos: list[RunInfo], root: Path, metric: str = "accuracy"
             name = str(i.path)
         if name == ".":
             name = i.path.name
-        steps = "-" if i.kind == "eval" else f"{i.steps_done}/{i.steps_total if i.steps_total is not None else '?'}"
+        steps = "-" if i.kind != "train" else f"{i.steps_done}/{i.steps_total if i.steps_total is not None else '?'}"
         best = "-" if i.best is None else (f"{i.best:.3f}" + (f" @{i.best_step}" if i.best_step is not None else " (pass@1)"))
         final = "-" if i.final is None else f"{i.final:.3f}"
-        state = i.state if i.kind == "train" else f"{i.state} (eval)"
+        state = i.state if i.kind == "train" else f"{i.state} ({i.kind})"
         writer = "-" if not i.writer else (f"{i.writer.get('pid')}@{i.writer.get('hostname')}"
                                            if i.writer.get("pid") is not None else describe_holder(i.writer))
         rows.append([name, state, i.recipe, i.task, steps, best, final, i.sweep or "-", str(i.segments), writer])

@@ -76,7 +76,7 @@ SAMPLES_FILE = "samples.jsonl"
 EVALS_FILE = "evals.jsonl"
 EVAL_DETAILS_DIR = "evals"
 FINAL_MODEL_DIR = "final_model"
-RUN_KINDS = ("train", "eval")
+RUN_KINDS = ("train", "eval", "train_rm")  # train_rm: `reinforge train-rm` (reward_models/train.py)
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 

@@ -41,6 +41,7 @@ from ..learner import Learner
 from ..learner.critic import Critic
 from ..learner.memory import check_memory
 from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
+from ..reward_models.guard import RewardHackingGuard
 from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
 from ..tasks import Example, build_task, encode_prompt
@@ -147,10 +148,15 @@ class Trainer:
         if cfg.trainer.eval_max_prompts is not None:
             eval_examples = eval_examples[: cfg.trainer.eval_max_prompts]
         self.eval_examples = list(eval_examples)
-        self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens)
         self.device = resolve_device(cfg.model.device)
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
+        # Reward models load on the learner's device and place token rewards on the policy's tokens.
+        self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens,
+                                      device=self.device, policy_tokenizer=self.tokenizer)
+        rm_keys = self.reward_fn.reward_model_keys
+        self.hacking_guard = (RewardHackingGuard(rm_keys, **cfg.reward.hacking_guard.model_dump(exclude={"enabled"}))
+                              if rm_keys and cfg.reward.hacking_guard.enabled else None)
         # Memory guard: estimate the peak from the config before any weights load; warn naming the
         # setting to change when it will not fit (reinforge/learner/memory.py).
         prompt_tokens = max((len(encode_prompt(self.tokenizer, e)) for e in self.train_examples[:64]), default=1)
@@ -214,6 +220,8 @@ class Trainer:
         # A generator with its own weights started from the base model's.
         self._sync_generator(self.start_step)
         self.run_dir.truncate_after(self.start_step)
+        if self.hacking_guard is not None:
+            self.hacking_guard.replay(self.run_dir.read_metrics())
         record_segment(self.run_dir, self.cfg, self.start_step)  # segments.json, then config.yaml
         log.info("resumed %s from step %d", self.run_dir.path, self.start_step)
 
@@ -254,7 +262,7 @@ class Trainer:
         """The reward function's scores of every row (verifier rewards, shaped rewards, token
         rewards)."""
         rows = [collected.examples[int(g)] for g in collected.rollout.group_index]
-        return self.reward_fn.score(collected.rollout, rows)
+        return self.reward_fn.score(collected.rollout, rows, learn=True)
 
     def gather(self, timer: PhaseTimer) -> Scored:
         """Rounds of collect and score until the curriculum has ``prompts_per_step`` groups it
@@ -419,6 +427,8 @@ class Trainer:
             **prepared.info,
             **stats,
         }
+        if self.hacking_guard is not None:
+            metrics.update(self.hacking_guard.observe(step, metrics))
         k = min(self.cfg.trainer.samples_to_log, len(rollout))
         if k:
             rows = []
