@@ -285,6 +285,9 @@ def test_sft_stage_then_rl_in_one_run_resumes_without_repeating_sft(root):
     sa, sb = _metrics(run / "sft"), _metrics(cut / "sft")
     assert sorted(sb) == [1, 2, 3] and all(sa[s]["loss"] == sb[s]["loss"] for s in sa)
     assert sorted(_metrics(cut)) == [1, 2, 3]
+    summary = (cut / "summary.md").read_text()
+    assert "Warm start: an SFT stage ran before RL" in summary and "SFT stage: held-out accuracy" in summary
+    assert main(["reproduce", str(cut / "sft")]) == 2  # an SFT run is not replayed as RL
     fa = load_file(str(run / "final_model" / "model.safetensors"))
     fb = load_file(str(cut / "final_model" / "model.safetensors"))
     assert all(torch.equal(fa[k], fb[k]) for k in fa)

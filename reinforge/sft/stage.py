@@ -19,7 +19,7 @@ from .runner import SFTRunner
 
 log = logging.getLogger("reinforge")
 
-__all__ = ["run_warm_start", "stage_config"]
+__all__ = ["run_warm_start", "stage_config", "add_warm_start_to_summary"]
 
 
 def stage_config(config: RunConfig, run: RunDir) -> RunConfig:
@@ -57,3 +57,25 @@ def run_warm_start(trainer) -> Path | None:
         return None
     run.set_status("running", stage="rl")
     return run.warm_start_model()
+
+
+def add_warm_start_to_summary(run: RunDir) -> dict:
+    """Add the SFT stage to the RL run's summary.md/.json: held-out accuracy of the base model
+    (the stage's step 0), after SFT (RL's step 0) and after RL, so the gain of each stage shows."""
+    import json
+
+    stage = RunDir.open(run.path / WARM_START_DIR)
+    summary = json.loads((run.path / "summary.json").read_text())
+    sft_summary = json.loads((stage.path / "summary.json").read_text()) if (stage.path / "summary.json").is_file() else {}
+    acc = sft_summary.get("heldout_accuracy")
+    lines = ["", f"Warm start: an SFT stage ran before RL (`{WARM_START_DIR}/`, its summary in "
+             f"`{WARM_START_DIR}/summary.md`); RL started from `{WARM_START_DIR}/final_model`, so RL's step 0 is "
+             "the SFT model."]
+    if acc:
+        summary["warm_start"] = {"heldout_accuracy": acc}
+        lines.append(f"SFT stage: held-out accuracy {acc['before']:.3f} (base model) -> {acc['after']:.3f} after "
+                     f"{acc['to_step']} SFT steps, difference {acc['diff']:+.3f} "
+                     f"[{acc['ci_low']:+.3f}, {acc['ci_high']:+.3f}] (95% paired bootstrap)")
+    md = (run.path / "summary.md").read_text().rstrip("\n") + "\n" + "\n".join(lines) + "\n"
+    run.write_summary(summary, md)
+    return summary

@@ -537,6 +537,10 @@ class Trainer:
         self._save_final_model()
         summary = write_run_summary(rd, recipe=cfg.recipe, task_name=self.task.name, model_path=cfg.model.path,
                                     seed=cfg.trainer.seed, wall_time=time.perf_counter() - started)
+        if self.init_model_path is not None:  # say what the SFT stage did before RL's step 0
+            from ..sft.stage import add_warm_start_to_summary
+
+            summary = add_warm_start_to_summary(rd)
         plot_learning_curves(rd)
         rd.set_status("finished", step=step)
         return RunResult(rd.path, step, summary)
