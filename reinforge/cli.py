@@ -460,7 +460,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     original = RunDir.open(targets[0])
     if original.kind != "train":
         raise ConfigError(f"{targets[0]!r} is an eval directory; reproduce re-runs training runs")
-    if original.status().get("stage") == "sft" and not original.warm_start_model():
+    if original.status().get("stage") == "sft" and not (original.path / "sft").is_dir():
         raise ConfigError(f"{targets[0]!r} is a `reinforge sft` run; reproduce re-runs RL runs (run `reinforge sft "
                           f"{original.path / 'config.yaml'}` and compare the two with `reinforge compare`)")
     out_dir = Path(args.output_dir) if args.output_dir else original.path.parent / "reproductions"
