@@ -61,6 +61,32 @@ def _train_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sft(args: argparse.Namespace) -> int:
+    """`reinforge sft CONFIG [key=value ...]` / `--resume RUN_DIR`: supervised fine-tuning alone
+    (docs/sft.md); the run's final_model/ can be an RL run's model.path."""
+    from .sft import SFTRunner
+    from .tracking import RunDir
+    from .trainer.resume import resume_config
+
+    if args.resume:
+        if args.config:
+            raise ConfigError(f"--resume continues {args.resume} under its saved config; give changes as key=value "
+                              f"(got the config file {args.config!r})")
+        rd = RunDir.open(args.resume)
+        runner = SFTRunner(resume_config(rd.load_config(), args.overrides), run_dir=rd, resume=True,
+                           new_segment=args.new_segment)
+    else:
+        if args.new_segment:
+            raise ConfigError("--new-segment applies to --resume RUN_DIR (a run continued under a changed config)")
+        runner = SFTRunner(load_config(args.config, args.overrides))
+    result = runner.run()
+    print(f"run directory: {result.run_dir}")
+    if result.finished:
+        print((Path(result.run_dir) / "summary.md").read_text())
+        print(f"start RL from it with: reinforge train CONFIG model.path={Path(result.run_dir) / 'final_model'}")
+    return 0
+
+
 def _recipes(args: argparse.Namespace) -> int:
     """`reinforge recipes`: one line per recipe with its paper; `recipes show NAME`: the paper,
     notes and the full resolved config the recipe starts from (any key can be overridden)."""
@@ -115,6 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     trm.add_argument("config", nargs="?", help="YAML config: a training config plus an rm: section")
     trm.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rm.mc_rollouts=8")
     trm.add_argument("--resume", metavar="RUN_DIR", help="continue a train-rm run")
+    sf = sub.add_parser("sft", help="supervised fine-tuning on demonstrations (a warm start before RL; docs/sft.md)",
+                        description="Supervised fine-tuning with the loss on response tokens only, from the config's "
+                        "`sft` section (defaults when it has none): demonstrations from the task's answers, from a "
+                        "JSONL/Parquet file, or expert iteration (sft.source=expert_iteration). Same run directory, "
+                        "resume and tracking as `reinforge train`.")
+    sf.add_argument("config", nargs="?", help="YAML config (omit for the defaults)")
+    sf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.steps=100")
+    sf.add_argument("--resume", metavar="RUN_DIR", help="continue an SFT run from its latest checkpoint")
+    sf.add_argument("--new-segment", action="store_true",
+                    help="with --resume: accept overrides that change what a step computes")
     rc = sub.add_parser("recipes", help="list recipes with their papers; `recipes show NAME` prints one preset")
     rc.add_argument("name", nargs="*", metavar="show NAME")
     _add_experiment_commands(sub)
@@ -125,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # `reinforge train key=value` without a config file: the first positional is an override.
-    if args.command == "train" and args.config and "=" in args.config and not Path(args.config).exists():
+    if args.command in ("train", "sft") and args.config and "=" in args.config and not Path(args.config).exists():
         args.overrides.insert(0, args.config)
         args.config = None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -136,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "train-rm":
             return _train_rm(args)
+        if args.command == "sft":
+            return _sft(args)
         if args.command in _EXPERIMENT_COMMANDS:
             return _EXPERIMENT_COMMANDS[args.command](args)
         return _recipes(args)
@@ -454,6 +492,9 @@ def _reproduce(args: argparse.Namespace) -> int:
     original = RunDir.open(targets[0])
     if original.kind != "train":
         raise ConfigError(f"{targets[0]!r} is an eval directory; reproduce re-runs training runs")
+    if original.status().get("stage") == "sft" and not (original.path / "sft").is_dir():
+        raise ConfigError(f"{targets[0]!r} is a `reinforge sft` run; reproduce re-runs RL runs (run `reinforge sft "
+                          f"{original.path / 'config.yaml'}` and compare the two with `reinforge compare`)")
     out_dir = Path(args.output_dir) if args.output_dir else original.path.parent / "reproductions"
     name = args.name
     if name is None:

@@ -139,12 +139,15 @@ class ModelSource:
             log.warning("run %s has no final_model/ (state %s): evaluating its latest checkpoint",
                         run.path, run.status().get("state"))
             checkpoint = "latest"
+        # RL after an SFT stage started from the stage's model: LoRA adapters and checkpoints
+        # go on top of it, not on model.path.
+        base = str(run.warm_start_model() or config.model.path)
         if checkpoint is None:
             steps = [r["step"] for r in run.read_metrics() if isinstance(r.get("step"), int)]
-            return cls(kind="final", label="final", model_path=config.model.path, run=run,
+            return cls(kind="final", label="final", model_path=base, run=run,
                        step=max(steps) if steps else None)
         step, path = run.checkpoint(checkpoint)
-        return cls(kind="checkpoint", label=path.name, model_path=config.model.path, run=run,
+        return cls(kind="checkpoint", label=path.name, model_path=base, run=run,
                    checkpoint=path, step=step)
 
 

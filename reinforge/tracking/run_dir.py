@@ -15,6 +15,7 @@ Layout (every file written atomically or appended line by line, see :mod:`reinfo
         evals/step_000010.json   per-prompt details of that evaluation
         checkpoints/         written by the trainer, listed by tracking/checkpoints.py
         final_model/         the trained model (save_pretrained), written by the trainer
+        sft/                 the SFT stage before RL, itself a run directory (reinforge/sft/stage.py)
         learning_curves.png  tracking/curves.py
         summary.json, summary.md  :meth:`RunDir.write_summary`
         exporters.json       ids of the wandb / MLflow / trackio runs this run also logs to
@@ -77,6 +78,7 @@ EVALS_FILE = "evals.jsonl"
 EVAL_DETAILS_DIR = "evals"
 FINAL_MODEL_DIR = "final_model"
 RUN_KINDS = ("train", "eval", "train_rm")  # train_rm: `reinforge train-rm` (reward_models/train.py)
+WARM_START_DIR = "sft"  # the SFT stage before RL (reinforge/sft/stage.py): a run directory inside the run
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 
@@ -408,6 +410,12 @@ class RunDir:
     @property
     def final_model_dir(self) -> Path:
         return self.path / FINAL_MODEL_DIR
+
+    def warm_start_model(self) -> Path | None:
+        """The final model of this run's SFT stage (``sft/final_model``), which its RL started
+        from instead of ``model.path``; None when the run had no (finished) SFT stage."""
+        final = self.path / WARM_START_DIR / FINAL_MODEL_DIR
+        return final if (final / "config.json").is_file() else None
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         """Complete checkpoints as (step, path), oldest first (tracking/checkpoints.py)."""

@@ -38,7 +38,10 @@ class Progress:
             return
         parts = []
         if metrics:
-            parts.append(f"reward {metrics['reward_mean']:.3f}")
+            if "reward_mean" in metrics:
+                parts.append(f"reward {metrics['reward_mean']:.3f}")
+            if "loss" in metrics:  # (SFT steps have a loss and no reward)
+                parts.append(f"loss {metrics['loss']:.3f}")
             parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
         if eval:
             parts.append(f"held-out acc {eval['accuracy']:.3f}")

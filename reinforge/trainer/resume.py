@@ -53,6 +53,8 @@ FREE_KEYS = (
     "learner.micro_batch_tokens", "learner.logits_chunk_tokens", "learner.share_prompt_prefix",
     "model.gradient_checkpointing", "model.device", "rollout.generation_batch_size", "rollout.vllm_kv_cache_gb",
     "rollout.vllm_gpu_memory_utilization", "rollout.vllm_enforce_eager", "rollout.vllm_max_model_len",
+    # the SFT stage's evaluation and checkpoint cadence (reinforge/sft)
+    "sft.eval_every", "sft.checkpoint_every",
 )
 
 # Keys no resume may change, with the reason.

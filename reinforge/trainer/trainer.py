@@ -131,6 +131,9 @@ class Trainer:
         self.run_dir = run_dir
         self._stop_requested = False
         self.stop_after_step: int | None = None  # stop as Ctrl-C does once this step is checkpointed
+        # The SFT stage (config `sft:`) runs before RL and gives the weights RL starts from.
+        self.init_model_path: Path | None = None
+        self.sft_stop_after_step: int | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -149,7 +152,7 @@ class Trainer:
             eval_examples = eval_examples[: cfg.trainer.eval_max_prompts]
         self.eval_examples = list(eval_examples)
         self.device = resolve_device(cfg.model.device)
-        model_path = resolve_model_path(cfg.model.path)
+        model_path = self.init_model_path or resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
         # Reward models load on the learner's device and place token rewards on the policy's tokens.
         self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -472,6 +475,12 @@ class Trainer:
         try:
             if self._resume:
                 plan_resume(self.run_dir, self.cfg, new_segment=self._new_segment)
+            if self.cfg.sft is not None:  # the warm start before RL (reinforge/sft/stage.py)
+                from ..sft.stage import run_warm_start
+
+                self.init_model_path = run_warm_start(self)
+                if self.init_model_path is None:  # the SFT stage was interrupted
+                    return RunResult(self.run_dir.path, 0)
             return self._run()
         finally:
             if self.run_dir is not None:
@@ -538,6 +547,10 @@ class Trainer:
         self._save_final_model()
         summary = write_run_summary(rd, recipe=cfg.recipe, task_name=self.task.name, model_path=cfg.model.path,
                                     seed=cfg.trainer.seed, wall_time=time.perf_counter() - started)
+        if self.init_model_path is not None:  # say what the SFT stage did before RL's step 0
+            from ..sft.stage import add_warm_start_to_summary
+
+            summary = add_warm_start_to_summary(rd)
         plot_learning_curves(rd)
         rd.set_status("finished", step=step)
         return RunResult(rd.path, step, summary)
