@@ -36,6 +36,7 @@ from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, needs_
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
 from ..curriculum import build_curriculum
+from ..evaluation.guardrails import Guardrails
 from ..evaluation.runner import generate_and_score, greedy_heldout_eval
 from ..learner import Learner
 from ..learner.critic import Critic
@@ -148,6 +149,7 @@ class Trainer:
             eval_examples = eval_examples[: cfg.trainer.eval_max_prompts]
         self.eval_examples = list(eval_examples)
         self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens)
+        self.guardrails = Guardrails.build(self.task, self.reward_fn, cfg.reward, seed=cfg.trainer.seed)
         self.device = resolve_device(cfg.model.device)
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
@@ -239,6 +241,7 @@ class Trainer:
         summary, per_prompt = greedy_heldout_eval(  # shared with `reinforge eval`
             self.generator, self.reward_fn, self.eval_examples, self._encode,
             max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.trainer.seed,
+            guardrails=self.guardrails,
         )
         self.run_dir.log_eval(step, summary, per_prompt)
         return summary
