@@ -299,3 +299,16 @@ def test_trainer_records_guardrails_and_summary_shows_the_verdict(tmp_path):
     assert summary["verdict"]["status"] in {"no_gain", "explained", "genuine"}
     assert summary["guardrails"]["step"] == 1
     assert yaml.safe_load((rd.path / "config.yaml").read_text())["reward"]["answer_format"] == "raw"
+
+    # `reinforge eval` of the run: the sampled evaluation records them too, with a verdict
+    # against the run's step-0 greedy evaluation
+    assert main(["eval", str(rd.path), "--samples", "3", "--resamples", "300"]) == 0
+    folder = next((rd.path / "sampled_evals").iterdir())
+    sampled = json.loads((folder / "summary.json").read_text())
+    g = sampled["guardrails"]
+    rows = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
+    assert g["n_completions"] == 18 and sampled["well_formed"] == np.mean([w for r in rows for w in r["well_formed"]])
+    assert sampled["verdict"]["base"] == "the base model (the run's step-0 greedy evaluation)"
+    assert sampled["verdict"]["gain_over_base"] is not None
+    report = (folder / "report.md").read_text()
+    assert "## Guardrails" in report and "best constant answer" in report and "**Verdict**" in report

@@ -238,16 +238,18 @@ class Guardrails:
             len(candidates), len(examples))
 
     def _candidates(self, examples: Sequence["Example"], model_answers: Sequence[str | None]) -> list[str]:
-        k = self.candidates_per_source
-        ok = lambda a: a is not None and a.strip() and len(a) <= MAX_CANDIDATE_CHARS  # noqa: E731
+        """The most common held-out golds, training golds and model answers, in that order, deduplicated."""
+        def usable(a: str | None) -> bool:
+            return a is not None and bool(a.strip()) and len(a) <= MAX_CANDIDATE_CHARS
+
         sources = [
-            Counter(_norm(e.answer) for e in examples if e.answer is not None and ok(e.answer)),
-            Counter(_norm(a) for a in self._load_train_answers() if ok(a)),
-            Counter(a for a in model_answers if ok(a)),
+            Counter(_norm(e.answer) for e in examples if usable(e.answer)),
+            Counter(_norm(a) for a in self._load_train_answers() if usable(a)),
+            Counter(a for a in model_answers if usable(a)),
         ]
         out: list[str] = []
         for counter in sources:
-            out += [a for a in _top(counter, k) if a not in out]
+            out += [a for a in _top(counter, self.candidates_per_source) if a not in out]
         return out
 
     def _train_prior(self, examples: Sequence["Example"]) -> tuple[np.ndarray, dict[str, Any]]:
@@ -262,7 +264,8 @@ class Guardrails:
         if scored:
             q += (np.array([counts[a] / total for a in scored])[:, None]
                   * self._correct_matrix(scored, examples)).sum(axis=0)
-        rest = {a: c / total for a, c in counts.items() if a not in set(scored)}
+        exact = set(scored)
+        rest = {a: c / total for a, c in counts.items() if a not in exact}
         for i, e in enumerate(examples):
             if e.answer is not None:
                 q[i] += rest.get(_norm(e.answer), 0.0)
