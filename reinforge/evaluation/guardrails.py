@@ -575,7 +575,7 @@ def verdict_lines(verdict: dict[str, Any]) -> list[str]:
     lines = []
     fo = verdict.get("over_format_only")
     if fo is not None:
-        lines.append(f"- format-only baseline ({verdict['base']}'s accuracy among its well-formed answers): "
+        lines.append(f"- format-only baseline (accuracy among the well-formed answers of {verdict['base']}): "
                      f"{verdict['format_only_accuracy']:.3f}; model minus it {_fmt_diff(fo)}")
     lines.append(f"- **Verdict**: {verdict['text']}.")
     return lines
