@@ -295,7 +295,7 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
     import torch
 
     from .evaluation.report import passk_csv, passk_markdown, plot_passk
-    from .evaluation.runner import build_eval_setup, load_policy, sampled_eval
+    from .evaluation.runner import attach_verdict, build_eval_setup, load_policy, sampled_eval
     from .tracking import atomic_write_bytes, atomic_write_text
     from .tracking.sampled_evals import read_sampled_eval, sampled_eval_dir, sampled_eval_labels, write_sampled_eval
 
@@ -326,6 +326,7 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
     summary = {"label": label, "model": source.to_dict(), **params, **summary,
                "task": cfg.task.model_dump(mode="json"), "reward": cfg.reward.model_dump(mode="json"),
                "fingerprint": fingerprint}
+    summary = attach_verdict(summary, rows, rd, source, cfg, label, n_resamples=args.resamples)
     folder = write_sampled_eval(rd, label, summary, rows)
     title = f"{source.describe()}: pass@k and maj@k"
     atomic_write_bytes(folder / "passk.png", plot_passk(summary, title=f"{source.label}, {label}"))

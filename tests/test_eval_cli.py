@@ -100,9 +100,10 @@ def test_loaded_final_model_reproduces_the_trainers_last_greedy_eval(setup):
     ev = build_eval_setup(cfg)
     summary, per_prompt = greedy_heldout_eval(
         HFGenerator(model, tok), ev.reward_fn, ev.examples, functools.partial(encode_prompt, tok),
-        max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.trainer.seed)
+        max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.trainer.seed, guardrails=ev.guardrails)
     assert per_prompt == rd.read_eval_details(2)
     assert summary["accuracy"] == rd.read_evals()[-1]["accuracy"]
+    assert summary["guardrails"] == rd.read_evals()[-1]["guardrails"]
 
 
 def test_eval_of_a_bare_model_makes_an_eval_directory(setup, capsys, tmp_path):

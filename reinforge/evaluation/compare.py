@@ -15,6 +15,10 @@
    Precipice" (Agarwal et al., 2021, arXiv:2108.13264) recommends. See
    :mod:`reinforge.evaluation.aggregate` for the statistics.
 
+4. Beside the groups, the prior baselines of each run's final evaluation (the guardrails recorded
+   in evals.jsonl, :mod:`reinforge.evaluation.guardrails`): the best constant answer, the
+   training answers' distribution, the well-formed share and the answer spread.
+
 Outputs (in ``out_dir``): ``report.md``, ``groups.csv``, ``runs.csv``, ``improvement.csv``,
 ``curves.csv``, ``profiles.csv``, ``aggregates.png``, ``improvement.png``,
 ``learning_curves.png``, ``performance_profile.png``.
@@ -83,6 +87,7 @@ class RunScores:
     scores: list[float]
     group: str = ""
     task: str = ""
+    guardrails: dict[str, Any] | None = None  # the final evaluation's record (evaluation/guardrails.py)
 
     @property
     def name(self) -> str:
@@ -161,8 +166,9 @@ def collect_runs(
         label = segment_label(rd)
         if label is not None:
             flat["segments"] = json.dumps(label)
+        guard = {int(e["step"]): e["guardrails"] for e in evals if isinstance(e.get("guardrails"), dict)}
         out.append(RunScores(run=rd, state=state, config=cfg, flat=flat, steps=steps,
-                             scores=[by_step[s] for s in steps]))
+                             scores=[by_step[s] for s in steps], guardrails=guard.get(steps[-1])))
     return out, skipped
 
 
@@ -204,6 +210,39 @@ def group_runs(
 
 def _strata(runs: list[RunScores], tasks: list[str], value) -> list[np.ndarray]:
     return [np.array([value(r) for r in runs if r.task == t], dtype=np.float64) for t in tasks]
+
+
+def _group_guardrails(members: list[RunScores], tasks: list[str], boot: dict[str, Any]) -> dict[str, Any]:
+    """The prior baselines beside a group, from its runs' final evaluations: per baseline the mean
+    over runs of (final accuracy - baseline) with a stratified bootstrap interval across runs, and
+    how many runs beat it on their own prompts (paired 95% interval above zero); the mean
+    well-formed share, distinct answers and top answer share. Runs evaluated before guardrails
+    were recorded are left out (``n_runs`` counts the ones used)."""
+    have = [r for r in members if r.guardrails is not None]
+    out: dict[str, Any] = {"n_runs": len(have)}
+    if not have:
+        return out
+    for key in ("well_formed", "distinct_answers", "top_answer_share"):
+        out[key] = float(np.mean([r.guardrails[key] for r in have]))
+    for name in ("best_constant", "train_prior"):
+        used = [r for r in have if r.guardrails[name].get("applicable")]
+        if not used:
+            reasons = {r.guardrails[name].get("reason") for r in have}
+            out[name] = {"applicable": False, "reason": "; ".join(sorted(str(x) for x in reasons))}
+            continue
+        g_tasks = [t for t in tasks if any(r.task == t for r in used)]
+        diff = interval_estimate(_strata(used, g_tasks, lambda r, n=name: r.guardrails[n]["model_minus"]["diff"]),
+                                 mean, **boot)
+        entry = {"applicable": True, "n_runs": len(used),
+                 "accuracy": float(np.mean([r.guardrails[name]["accuracy"] for r in used])),
+                 "final_minus": diff,
+                 "runs_beating": sum(r.guardrails[name]["model_minus"]["ci_low"] > 0 for r in used)}
+        # One run has no spread across runs to bootstrap: its own paired interval over prompts decides.
+        entry["beats"] = bool(diff["ci_low"] > 0 if len(used) > 1 else entry["runs_beating"] == 1)
+        if name == "best_constant":
+            entry["answers"] = sorted({str(r.guardrails[name]["answer"]) for r in used})
+        out[name] = entry
+    return out
 
 
 @dataclass
@@ -251,6 +290,7 @@ def compare_runs(
             strata = _strata(members, g_tasks, fn)
             entry[which] = interval_estimate(strata, iqm, **boot)
             entry[f"{which}_mean"] = interval_estimate(strata, mean, **boot)
+        entry["guardrails"] = _group_guardrails(members, g_tasks, boot)
         stats[label] = entry
 
     improvement: list[dict[str, Any]] = []
@@ -418,6 +458,94 @@ def _plot_profiles(result: CompareResult, metric: str) -> bytes:
     return png_bytes(fig)
 
 
+_RUN_GUARD_COLUMNS = ["best_constant_answer", "best_constant_accuracy", "final_minus_best_constant",
+                      "final_minus_best_constant_ci_low", "final_minus_best_constant_ci_high", "train_prior_accuracy",
+                      "final_minus_train_prior", "final_minus_train_prior_ci_low", "final_minus_train_prior_ci_high",
+                      "well_formed", "distinct_answers", "top_answer_share"]
+_GROUP_GUARD_COLUMNS = ["best_constant_accuracy", "final_minus_best_constant", "final_minus_best_constant_ci_low",
+                        "final_minus_best_constant_ci_high", "runs_beating_best_constant", "train_prior_accuracy",
+                        "final_minus_train_prior", "final_minus_train_prior_ci_low",
+                        "final_minus_train_prior_ci_high", "runs_beating_train_prior", "well_formed",
+                        "distinct_answers", "top_answer_share"]
+
+
+def _run_guardrail_cells(r: RunScores) -> list[Any]:
+    g = r.guardrails
+    if g is None:
+        return [""] * len(_RUN_GUARD_COLUMNS)
+    cells: list[Any] = []
+    for name in ("best_constant", "train_prior"):
+        b = g[name]
+        if not b.get("applicable"):
+            cells += ["n/a"] * (5 if name == "best_constant" else 4)
+            continue
+        d = b["model_minus"]
+        cells += ([b["answer"]] if name == "best_constant" else []) + [b["accuracy"], d["diff"], d["ci_low"], d["ci_high"]]
+    return cells + [g["well_formed"], g["distinct_answers"], g["top_answer_share"]]
+
+
+def _group_guardrail_cells(g: dict[str, Any]) -> list[Any]:
+    if not g.get("n_runs"):
+        return [""] * len(_GROUP_GUARD_COLUMNS)
+    cells: list[Any] = []
+    for name in ("best_constant", "train_prior"):
+        b = g[name]
+        if not b.get("applicable"):
+            cells += ["n/a"] * 5
+            continue
+        d = b["final_minus"]
+        cells += [b["accuracy"], d["value"], d["ci_low"], d["ci_high"], b["runs_beating"]]
+    return cells + [g["well_formed"], g["distinct_answers"], g["top_answer_share"]]
+
+
+def _guardrail_report(result: CompareResult, ids: dict[str, str], pct: int) -> list[str]:
+    """The prior baselines beside the groups (docs/experiments.md, Guardrails)."""
+    labels = list(result.groups)
+    lines = ["", "## Prior baselines (guardrails)", ""]
+    if not any(result.stats[lab]["guardrails"].get("n_runs") for lab in labels):
+        return lines + ["Not recorded: these runs were evaluated before held-out evaluations recorded guardrails."]
+
+    def cell(b: dict[str, Any]) -> tuple[str, str]:
+        if not b.get("applicable"):
+            return "n/a", "n/a"
+        d = b["final_minus"]
+        return (f"{b['accuracy']:.3f}" + (f" (`{'`, `'.join(b['answers'][:3])}`)" if "answers" in b else ""),
+                f"{d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]; {b['runs_beating']}/{b['n_runs']}")
+
+    rows, words = [], []
+    for lab in labels:
+        g = result.stats[lab]["guardrails"]
+        if not g.get("n_runs"):
+            rows.append([ids[lab], lab, 0] + ["not recorded"] * 7)
+            continue
+        (c_acc, c_diff), (p_acc, p_diff) = cell(g["best_constant"]), cell(g["train_prior"])
+        rows.append([ids[lab], lab, g["n_runs"], c_acc, c_diff, p_acc, p_diff, f"{g['well_formed']:.1%}",
+                     f"{g['distinct_answers']:.1f}", f"{g['top_answer_share']:.1%}"])
+        missed = [what for name, what in (("best_constant", "the best constant answer"),
+                                          ("train_prior", "answering with the training answers' distribution"))
+                  if g[name].get("applicable") and not g[name]["beats"]]
+        words.append(f"- {ids[lab]}: " + (f"does not beat {' nor '.join(missed)}" if missed else
+                                           "beats every applicable prior baseline"))
+    lines += [
+        markdown_table(["id", "group", "runs", "best constant answer: accuracy",
+                        f"final - best constant: mean [{pct}% CI]; runs beating it",
+                        "training distribution: accuracy", f"final - training distribution [{pct}% CI]; runs beating it",
+                        "well-formed", "distinct answers", "top answer share"], rows, "llrlllllrr"),
+        "",
+        *words,
+        "",
+        "From each run's final held-out evaluation (evals.jsonl, `guardrails`): the best constant answer (the "
+        "answer that would be correct on the most held-out prompts if given to all, scored by the run's "
+        "verifiers), the expected accuracy of answering with a random training answer, and the model's "
+        "well-formed share, distinct answers and most frequent answer's share (means over runs). "
+        "final - baseline: mean over runs of the run's held-out accuracy minus the baseline, with a stratified "
+        "bootstrap interval across runs; a run beats a baseline when its own paired bootstrap interval over "
+        "prompts lies above zero, and a group when its interval across runs does (with one run: when that "
+        "run does).",
+    ]
+    return lines
+
+
 def _write_outputs(result: CompareResult, *, metric: str, confidence: float, n_resamples: int,
                    paths: Sequence[Any]) -> None:
     ids = _group_ids(result)
@@ -430,17 +558,19 @@ def _write_outputs(result: CompareResult, *, metric: str, confidence: float, n_r
         g_rows.append([ids[label], label, s["n_runs"], len(s["tasks"]), " ".join(s["seeds"]),
                        s["final"]["value"], s["final"]["ci_low"], s["final"]["ci_high"], s["final_mean"]["value"],
                        s["best"]["value"], s["best"]["ci_low"], s["best"]["ci_high"], s["best_mean"]["value"]])
+    for row, label in zip(g_rows, labels):
+        row += _group_guardrail_cells(result.stats[label]["guardrails"])
     _write(result, "groups.csv", csv_text(
         ["id", "group", "n_runs", "n_tasks", "seeds", "final_iqm", "final_ci_low", "final_ci_high", "final_mean",
-         "best_iqm", "best_ci_low", "best_ci_high", "best_mean"], g_rows))
+         "best_iqm", "best_ci_low", "best_ci_high", "best_mean", *_GROUP_GUARD_COLUMNS], g_rows))
     r_rows = []
     for label in labels:
         for r in result.groups[label]:
             r_rows.append([str(r.run.path), ids[label], label, r.task, r.seed, r.state, r.final_step, r.final,
-                           r.best_step, r.best])
+                           r.best_step, r.best, *_run_guardrail_cells(r)])
     _write(result, "runs.csv", csv_text(
-        ["run", "id", "group", "task", "seed", "state", "final_step", f"final_{metric}", "best_step", f"best_{metric}"],
-        r_rows))
+        ["run", "id", "group", "task", "seed", "state", "final_step", f"final_{metric}", "best_step", f"best_{metric}",
+         *_RUN_GUARD_COLUMNS], r_rows))
     _write(result, "improvement.csv", csv_text(
         ["x", "y", "score", "tasks", "p_x_beats_y", "ci_low", "ci_high"],
         [[ids[r["x"]], ids[r["y"]], r["score"], r["tasks"], r["value"], r["ci_low"], r["ci_high"]]
@@ -492,6 +622,7 @@ def _write_outputs(result: CompareResult, *, metric: str, confidence: float, n_r
     if few < 5:
         lines.append(f"- Only {few} run(s) in the smallest group: bootstrap intervals over so few seeds are "
                      "rough (they tend to be too narrow). More seeds tighten them.")
+    lines += _guardrail_report(result, ids, pct)
     lines += ["", "## Probability of improvement", ""]
     finals = [r for r in result.improvement if r["score"] == "final"]
     if finals:

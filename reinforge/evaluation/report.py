@@ -93,6 +93,15 @@ def passk_markdown(summary: dict[str, Any], *, title: str, figure: str | None = 
               "pass@k: unbiased estimator of Chen et al. (2021, arXiv:2107.03374); maj@k: exact "
               "majority-vote accuracy over all k-subsets of the N samples (ties split evenly). "
               "Every k is in passk.csv.", ""]
+    if summary.get("guardrails"):
+        from reinforge.evaluation.guardrails import guardrail_lines, verdict_lines
+
+        lines += ["## Guardrails", "", "What this accuracy must beat before it counts as learning "
+                  "(docs/experiments.md, Guardrails); the model's accuracy is per sample, paired by prompt:", ""]
+        lines += guardrail_lines(summary["guardrails"])
+        if summary.get("verdict"):
+            lines += verdict_lines(summary["verdict"])
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from reinforge.evaluation.guardrails import Guardrails, flat_metrics, guardrail_verdict, prompt_counts
 from reinforge.evaluation.passk import summarize_samples
 from reinforge.evaluation.stats import accuracy_summary
 
@@ -39,6 +40,7 @@ __all__ = [
     "sampled_eval",
     "EvalSetup",
     "build_eval_setup",
+    "attach_verdict",
 ]
 
 
@@ -59,10 +61,15 @@ def generate_and_score(generator, reward_fn, examples: Sequence["Example"], enco
 
 
 def greedy_heldout_eval(
-    generator, reward_fn, examples: Sequence["Example"], encode: Callable, *, max_new_tokens: int, seed: int
-) -> tuple[dict[str, float], list[dict]]:
+    generator, reward_fn, examples: Sequence["Example"], encode: Callable, *, max_new_tokens: int, seed: int,
+    guardrails: "Guardrails | None" = None,
+) -> tuple[dict[str, Any], list[dict]]:
     """Greedy answers on the held-out prompts (the trainer's periodic evaluation). Accuracy counts
-    fully correct answers only. Returns (summary with bootstrap intervals, per-prompt rows)."""
+    fully correct answers only. Returns (summary with bootstrap intervals, per-prompt rows).
+
+    With ``guardrails`` the summary also holds their record ("guardrails", and its numbers as flat
+    keys: well_formed, best_constant_accuracy, ...) and each row its "extracted" answer and
+    "well_formed" flag (reinforge/evaluation/guardrails.py)."""
     from reinforge.rollout import SamplingParams
 
     rollout, scores = generate_and_score(
@@ -78,6 +85,12 @@ def greedy_heldout_eval(
         {"id": e.id, "answer": e.answer, "completion": t, "correct": c, "reward": r}
         for e, t, c, r in zip(examples, rollout.texts, correct, rewards)
     ]
+    if guardrails is not None:
+        record, extra = guardrails.measure(examples, [[t] for t in rollout.texts], [[c] for c in correct])
+        for row, x in zip(per_prompt, extra):
+            row["extracted"], row["well_formed"] = x["answers"][0], x["well_formed"][0]
+        summary.update(flat_metrics(record))
+        summary["guardrails"] = record
     return summary, per_prompt
 
 
@@ -203,12 +216,13 @@ def load_policy(config: "RunConfig", source: ModelSource):
 @dataclass
 class EvalSetup:
     """Everything a sampled evaluation needs, built from a config: the held-out examples, the
-    reward function, and the answer format used for majority voting."""
+    reward function, the answer format used for majority voting, and the guardrails."""
 
     task: Any
     examples: list
     reward_fn: Any
     answer_format: str
+    guardrails: Guardrails | None = None
 
 
 def build_eval_setup(config: "RunConfig", *, max_prompts: int | None = None) -> EvalSetup:
@@ -222,8 +236,9 @@ def build_eval_setup(config: "RunConfig", *, max_prompts: int | None = None) -> 
     examples = heldout_examples(task, limit)
     if not examples:
         raise ValueError("the task has no held-out prompts to evaluate (task.eval_size)")
-    return EvalSetup(task=task, examples=examples, reward_fn=build_reward(config.reward, task),
-                     answer_format=config.reward.answer_format)
+    reward_fn = build_reward(config.reward, task)
+    return EvalSetup(task=task, examples=examples, reward_fn=reward_fn, answer_format=config.reward.answer_format,
+                     guardrails=Guardrails.build(task, reward_fn, config.reward, seed=config.trainer.seed))
 
 
 def sampled_eval(
@@ -289,4 +304,43 @@ def sampled_eval(
     summary["completion_length"] = float(np.mean(lengths)) if lengths else 0.0
     summary["truncated_frac"] = float(rollout.truncated.float().mean()) if len(lengths) else 0.0
     summary["reward_errors"] = int(sum(len(o.errors) for o in outcomes))
+    if setup.guardrails is not None:
+        guard = setup.guardrails
+        guard.n_resamples, guard.seed = n_resamples, seed
+        record, extra = guard.measure(setup.examples, [r["completions"] for r in rows], [r["correct"] for r in rows])
+        for row, x in zip(rows, extra):
+            row["well_formed"] = x["well_formed"]
+        summary.update(flat_metrics(record))
+        summary["guardrails"] = record
     return summary, rows
+
+
+def attach_verdict(summary: dict[str, Any], rows: list[dict], run: "RunDir | None", source: ModelSource,
+                   config: "RunConfig", label: str, *, n_resamples: int = 10_000) -> dict[str, Any]:
+    """Add the guardrail verdict (reinforge/evaluation/guardrails.py) to a sampled evaluation's
+    summary. Its base is, in order: a sampled evaluation of the run's base model with the same
+    settings in the same directory (``reinforge eval --boundary`` makes one), else the run's
+    step-0 greedy evaluation (the base model before training; greedy against sampled answers,
+    said in the verdict); a base model itself gets a verdict against the prior baselines only."""
+    from reinforge.evaluation.guardrails import spec_from_config
+    from reinforge.tracking.sampled_evals import read_sampled_eval, sampled_eval_labels
+
+    if "guardrails" not in summary:
+        return summary
+    fmt, code = spec_from_config(config.model_dump(mode="json"))
+    model = prompt_counts(rows, fmt, code=code)
+    base, base_label = None, "the base model"
+    if run is not None and source.kind != "base":
+        base_source = ModelSource.base(config.model.path)
+        base_eval = base_source.label + label[len(source.label):]
+        if base_eval in sampled_eval_labels(run):
+            base = prompt_counts(read_sampled_eval(run, base_eval)[1], fmt, code=code)
+            base_label = f"the base model (sampled evaluation {base_eval})"
+        elif run.kind == "train" and 0 in run.eval_steps():
+            base = prompt_counts(run.read_eval_details(0), fmt, code=code)
+            base_label = "the base model (the run's step-0 greedy evaluation)"
+        if base is not None and not set(base.ids) & set(model.ids):
+            base = None
+    summary["verdict"] = guardrail_verdict(model, summary["guardrails"], base, base_label=base_label,
+                                           seed=int(summary.get("seed", 0) or 0), n_resamples=n_resamples)
+    return summary

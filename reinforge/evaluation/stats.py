@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["bootstrap_ci", "bootstrap_ci_columns", "paired_bootstrap_diff", "accuracy_summary"]
+__all__ = ["bootstrap_ci", "bootstrap_ci_columns", "paired_bootstrap_diff", "paired_bootstrap_statistic",
+           "accuracy_summary"]
 
 _CHUNK_ELEMENTS = 1 << 21  # indices per chunk: 2M int64 = 16 MiB (plus the gathered values)
 
@@ -185,6 +186,46 @@ def paired_bootstrap_diff(
         "n": int(d.size),
         "excludes_zero": bool(lo > 0.0 or hi < 0.0),
     }
+
+
+def paired_bootstrap_statistic(
+    columns: Sequence[Sequence[float]],
+    statistic: Callable[..., np.ndarray],
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int | None = 0,
+) -> dict[str, Any]:
+    """Percentile bootstrap interval of a statistic of several per-item columns measured on the SAME
+    items (prompts), such as a difference of two ratios (``sum(a)/sum(b) - sum(c)/sum(d)``).
+
+    The items are resampled jointly for every column, as in :func:`paired_bootstrap_diff`.
+    ``statistic(*columns)`` receives (rows, n) matrices of resampled values and returns one value
+    per row; on the original data it is called with (1, n) matrices. A resample where the
+    statistic is undefined (NaN, e.g. a ratio whose denominator resampled to 0) is left out of the
+    quantiles; when the statistic is undefined on the data itself, value and interval are NaN.
+    Returns ``{"value", "ci_low", "ci_high", "n", "excludes_zero"}``.
+    """
+    _check_params(confidence, n_resamples)
+    arrays = [_as_1d(c, f"columns[{i}]") for i, c in enumerate(columns)]
+    if not arrays:
+        raise ValueError("paired_bootstrap_statistic needs at least one column")
+    if len({a.size for a in arrays}) != 1:
+        raise ValueError(f"the columns must score the same items: got lengths {[a.size for a in arrays]}")
+
+    def rows(*mats: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(statistic(*mats), dtype=np.float64).reshape(mats[0].shape[0])
+
+    value = float(rows(*(a[None, :] for a in arrays))[0])
+    nan = float("nan")
+    if not np.isfinite(value):
+        return {"value": nan, "ci_low": nan, "ci_high": nan, "n": int(arrays[0].size), "excludes_zero": False}
+    dist = _bootstrap_distribution(arrays, rows, n_resamples, seed)
+    dist = dist[np.isfinite(dist)]
+    lo, hi = _percentile_interval(dist, confidence) if dist.size else (nan, nan)
+    return {"value": value, "ci_low": lo, "ci_high": hi, "n": int(arrays[0].size),
+            "excludes_zero": bool(lo > 0.0 or hi < 0.0)}
 
 
 def accuracy_summary(

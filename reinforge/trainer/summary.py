@@ -1,6 +1,8 @@
 """A finished run's summary (summary.md / summary.json): held-out accuracy before and after training
-with a paired bootstrap interval of the gain, the answers that became correct, and the run's
-config segments.
+with a paired bootstrap interval of the gain, the guardrails of the last evaluation (prior
+baselines, answer spread, well-formed share) with a verdict on the gain
+(reinforge/evaluation/guardrails.py), the answers that became correct, and the run's config
+segments.
 
 The before/after pair comes from one *evaluation regime*: when a resume changed what the held-out
 evaluation measures (the task, the reward, the answer length, the prompt count; see
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..evaluation import paired_bootstrap_diff
+from ..evaluation.guardrails import guardrail_lines, guardrail_verdict, prompt_counts, spec_from_config, verdict_lines
 from ..tracking import RunDir
 from ..tracking.segments import Segment, read_segments
 from .resume import EVAL_KEYS, _under
@@ -45,6 +48,27 @@ def _segment_lines(segments: list[Segment], last_step: int) -> list[str]:
             lines.append(f"- {span}: " + "; ".join(f"`{c.key}` {c.describe().split(': ', 1)[1]}"
                                                    for c in seg.changes))
     return lines
+
+
+def _guardrail_section(rd: RunDir, summary: dict[str, Any], first_step: int, last_step: int,
+                       first: list[dict], last: list[dict], seed: int) -> list[str]:
+    """The last evaluation's guardrails (recorded in evals.jsonl at evaluation time) and the
+    verdict on its gain over the first evaluation of the regime; nothing for a run evaluated
+    before guardrails were recorded."""
+    records = {int(e["step"]): e["guardrails"] for e in rd.read_evals() if "guardrails" in e and "step" in e}
+    record = records.get(last_step)
+    if record is None:
+        return []
+    fmt, code = spec_from_config(rd.load_config())
+    base_name = f"step {first_step}"
+    verdict = guardrail_verdict(prompt_counts(last, fmt, code=code), record, prompt_counts(first, fmt, code=code),
+                                base_label=f"the model at step {first_step}" if first_step else "the base model",
+                                seed=seed)
+    summary["guardrails"] = {"step": last_step, "base_step": first_step, **record}
+    summary["verdict"] = verdict
+    return (["", f"Guardrails at step {last_step} (docs/experiments.md, Guardrails):"]
+            + guardrail_lines(record, base_record=records.get(first_step), base_name=base_name)
+            + verdict_lines(verdict))
 
 
 def write_run_summary(run_dir: RunDir, *, recipe: str, task_name: str, model_path: str, seed: int,
@@ -84,6 +108,7 @@ def write_run_summary(run_dir: RunDir, *, recipe: str, task_name: str, model_pat
             f"[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]"
             + (" (excludes zero)" if diff["excludes_zero"] else " (includes zero)"),
         ]
+        lines += _guardrail_section(rd, summary, steps[0], steps[-1], first, last, seed)
         fixed = [b for a, b in pairs if b["correct"] and not a["correct"]][:3]
         if fixed:
             lines += ["", "Answers that became correct:"]

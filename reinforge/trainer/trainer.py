@@ -36,6 +36,7 @@ from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, needs_
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
 from ..curriculum import build_curriculum
+from ..evaluation.guardrails import Guardrails
 from ..evaluation.runner import generate_and_score, greedy_heldout_eval
 from ..learner import Learner
 from ..learner.critic import Critic
@@ -160,6 +161,7 @@ class Trainer:
         rm_keys = self.reward_fn.reward_model_keys
         self.hacking_guard = (RewardHackingGuard(rm_keys, **cfg.reward.hacking_guard.model_dump(exclude={"enabled"}))
                               if rm_keys and cfg.reward.hacking_guard.enabled else None)
+        self.guardrails = Guardrails.build(self.task, self.reward_fn, cfg.reward, seed=cfg.trainer.seed)
         # Memory guard: estimate the peak from the config before any weights load; warn naming the
         # setting to change when it will not fit (reinforge/learner/memory.py).
         prompt_tokens = max((len(encode_prompt(self.tokenizer, e)) for e in self.train_examples[:64]), default=1)
@@ -250,6 +252,7 @@ class Trainer:
         summary, per_prompt = greedy_heldout_eval(  # shared with `reinforge eval`
             self.generator, self.reward_fn, self.eval_examples, self._encode,
             max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.trainer.seed,
+            guardrails=self.guardrails,
         )
         self.run_dir.log_eval(step, summary, per_prompt)
         return summary

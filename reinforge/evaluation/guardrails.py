@@ -1,0 +1,628 @@
+"""Guardrails: what a held-out score must beat before it counts as learning.
+
+A small model trained with RL often gains held-out accuracy by learning the task's *answer
+distribution* (answering the most common answer to every prompt) or the *answer format* (the
+base model knew some answers but wrote them where the extractor could not find them), not the
+skill. Each held-out evaluation (the trainer's greedy one and ``reinforge eval``'s sampled one)
+therefore records, beside its accuracy:
+
+- **well-formed share**: completions in which the answer extractor finds a non-empty answer in
+  the format the reward requires (``reward.answer_format``; for code verifiers: a program that
+  parses as Python and defines the entry point), and the accuracy among those completions.
+- **answer spread**: how many distinct answers the model gave and its most frequent answer's
+  share of all completions (1 distinct answer at share 1.0 is a constant answerer).
+- **best constant answer**: of a capped set of candidates (the most common gold answers of the
+  training and held-out examples and the model's own most common answers), the one that would be
+  correct on the most held-out prompts if given to every prompt. Candidates are scored by the
+  run's own reward function (its correctness verdict, so equivalent forms count as the verifiers
+  accept them), not by string equality. It is chosen on the held-out prompts it is scored on, so
+  it is an optimistic (hard to beat) baseline.
+- **training answers' distribution**: the expected accuracy of answering each held-out prompt
+  with a random draw from the training examples' gold answers, sum_a p_train(a) * acc(a).
+- paired bootstrap intervals (over prompts) of the model's accuracy minus each baseline.
+
+:func:`guardrail_verdict` turns two evaluations (the base model's and a later one) into one
+verdict: the gain over the base model and over the prior baselines (best constant answer,
+training distribution, and the *format-only baseline*, the base model's accuracy among its
+well-formed completions: what fixing the format alone would give), each with a 95% paired
+bootstrap interval, and plain words when the prior or the format explains the gain.
+
+Code tasks have no answer to hold constant: both prior baselines are recorded as not applicable.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from reinforge.evaluation.stats import paired_bootstrap_diff, paired_bootstrap_statistic
+
+if TYPE_CHECKING:
+    from reinforge.tasks import Example, Task
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Guardrails",
+    "PromptCounts",
+    "answer_completion",
+    "answer_spread",
+    "extract_answers",
+    "guardrail_lines",
+    "guardrail_verdict",
+    "prompt_counts",
+    "spec_from_config",
+    "well_formed_flags",
+    "backfill_run",
+]
+
+# Candidates for the best constant answer taken from each source (held-out golds, training
+# golds, the model's answers), most frequent first; the union is scored on every prompt.
+CANDIDATES_PER_SOURCE = 16
+# Training answers scored exactly for the training-distribution baseline (the most frequent);
+# rarer ones are matched to held-out golds by normalised string equality (see _train_prior).
+TRAIN_PRIOR_SCORED = 32
+# Training examples read for the answer distribution, evenly spaced over the training set.
+TRAIN_ANSWER_SAMPLE = 2000
+# A longer candidate is no plausible constant answer (and would only cost scoring time).
+MAX_CANDIDATE_CHARS = 200
+_SCORE_CHUNK = 4096
+
+
+# ----------------------------------------------------------------------------- per completion
+
+
+def _norm(text: str) -> str:
+    from reinforge.tasks import normalize_answer
+
+    return normalize_answer(text, case_sensitive=True)
+
+
+def _program_well_formed(completion: str, entry_point: str | None) -> bool:
+    """A program was found that parses as Python (parsed, never run) and defines the entry point
+    when the problem has one."""
+    from reinforge.rewards.code import extract_code
+
+    program = extract_code(completion, entry_point)
+    if program is None or not program.strip():
+        return False
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    if not entry_point:
+        return True
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry_point for n in tree.body)
+
+
+def well_formed_flags(completions: Sequence[str], answer_format: str, *, code: bool = False,
+                      entry_points: Sequence[str | None] | None = None) -> list[bool]:
+    """Whether each completion is well-formed: the answer extractor of ``answer_format`` finds a
+    non-empty answer (code: a program that parses and defines its entry point)."""
+    from reinforge.rewards import extract_answer
+
+    if code:
+        eps = entry_points if entry_points is not None else [None] * len(completions)
+        return [_program_well_formed(c, ep) for c, ep in zip(completions, eps)]
+    out = []
+    for c in completions:
+        a = extract_answer(c, answer_format)
+        out.append(a is not None and bool(a.strip()))
+    return out
+
+
+def extract_answers(completions: Sequence[str], answer_format: str, *, code: bool = False) -> list[str | None]:
+    """Each completion's answer, whitespace-normalised (case kept), None when none was found. For
+    code the 'answer' is the program with its whitespace normalised."""
+    if code:
+        from reinforge.rewards.code import extract_code
+
+        progs = [extract_code(c) for c in completions]
+        return [_norm(p) if p is not None and p.strip() else None for p in progs]
+    from reinforge.rewards import extract_answer
+
+    out: list[str | None] = []
+    for c in completions:
+        a = extract_answer(c, answer_format)
+        out.append(_norm(a) if a is not None and a.strip() else None)
+    return out
+
+
+def answer_spread(answers: Sequence[str | None]) -> dict[str, Any]:
+    """Distinct answers (case-insensitive, as maj@k votes) among the answered completions, and
+    the most frequent one with its count and share of ALL completions (unanswered included)."""
+    keyed = [a.lower() for a in answers if a is not None]
+    n = len(answers)
+    if not keyed:
+        return {"n_completions": n, "n_answered": 0, "distinct_answers": 0, "top_answer": None,
+                "top_answer_count": 0, "top_answer_share": 0.0}
+    counts = Counter(keyed)
+    top_key, top_count = counts.most_common(1)[0]
+    shown = Counter(a for a in answers if a is not None and a.lower() == top_key).most_common(1)[0][0]
+    return {"n_completions": n, "n_answered": len(keyed), "distinct_answers": len(counts), "top_answer": shown,
+            "top_answer_count": int(top_count), "top_answer_share": top_count / n}
+
+
+def answer_completion(answer: str, answer_format: str) -> str:
+    """The shortest completion that gives ``answer`` in ``answer_format`` (what a model that always
+    answers ``answer`` would write)."""
+    if answer_format == "tags":
+        return f"<answer>{answer}</answer>"
+    if answer_format == "boxed":
+        return f"\\boxed{{{answer}}}"
+    if answer_format in ("last_line", "raw"):
+        return answer
+    raise ValueError(f"unknown answer format {answer_format!r}")
+
+
+# ----------------------------------------------------------------------------- per evaluation
+
+
+def _top(counter: Counter, k: int) -> list[str]:
+    # most frequent first, ties in a stable (alphabetical) order so runs are reproducible
+    return [a for a, _ in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
+
+
+def _short(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+@dataclass
+class Guardrails:
+    """Measures the guardrails of one evaluation; built once per run and reused for every
+    evaluation (scores of constant candidates are cached, so later evaluations only score the
+    model's new answers).
+
+    reward_fn:      the run's RewardFunction; its correctness verdict scores constant answers.
+    answer_format:  reward.answer_format.
+    code:           a code verifier scores the task: no constant answer, programs as answers.
+    train_answers:  gold answers of (a sample of) the training examples; empty when they have none,
+                    None to read them from ``train_examples`` when first needed.
+    not_applicable: why the prior baselines are not computed (None when they are).
+    """
+
+    reward_fn: Any
+    answer_format: str
+    code: bool = False
+    train_answers: list[str] | None = field(default_factory=list)
+    train_examples: Sequence["Example"] | None = None
+    not_applicable: str | None = None
+    seed: int = 0
+    n_resamples: int = 10_000
+    candidates_per_source: int = CANDIDATES_PER_SOURCE
+    train_prior_scored: int = TRAIN_PRIOR_SCORED
+    _cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, task: "Task", reward_fn: Any, reward_cfg: Any, *, seed: int = 0,
+              n_resamples: int = 10_000) -> "Guardrails":
+        """From the task (its training answers, read at the first evaluation) and the reward
+        config (format, verifiers)."""
+        names = {v.name for v in reward_cfg.verifiers}
+        code = "code" in names or getattr(task, "needs_verifier", None) == "code"
+        reason = "the task is scored by running code: there is no answer to hold constant" if code else None
+        return cls(reward_fn=reward_fn, answer_format=reward_cfg.answer_format, code=code,
+                   train_answers=None if not code else [], train_examples=None if code else task.train_examples(),
+                   not_applicable=reason, seed=seed, n_resamples=n_resamples)
+
+    def _load_train_answers(self) -> list[str]:
+        """Gold answers of up to TRAIN_ANSWER_SAMPLE training examples, evenly spaced (reasoning-gym
+        makes training examples on first access, so they are read once, when first needed)."""
+        if self.train_answers is None:
+            examples = self.train_examples if self.train_examples is not None else []
+            n = len(examples)
+            idx = np.unique(np.linspace(0, n - 1, min(n, TRAIN_ANSWER_SAMPLE)).round().astype(int)) if n else []
+            self.train_answers = [str(examples[int(i)].answer) for i in idx if examples[int(i)].answer is not None]
+        return self.train_answers
+
+    # -- scoring constant answers
+
+    def _correct_matrix(self, candidates: list[str], examples: Sequence["Example"]) -> np.ndarray:
+        """[candidates, prompts] bool: the reward function's correctness verdict on a completion
+        that gives the candidate in the required format."""
+        todo = [(c, e) for c in candidates for e in examples if (c, e.id) not in self._cache]
+        for start in range(0, len(todo), _SCORE_CHUNK):
+            chunk = todo[start:start + _SCORE_CHUNK]
+            outcomes = self.reward_fn([answer_completion(c, self.answer_format) for c, _ in chunk],
+                                      [e for _, e in chunk])
+            for (c, e), o in zip(chunk, outcomes):
+                self._cache[(c, e.id)] = bool(o.correct)
+        return np.array([[self._cache[(c, e.id)] for e in examples] for c in candidates], dtype=bool).reshape(
+            len(candidates), len(examples))
+
+    def _candidates(self, examples: Sequence["Example"], model_answers: Sequence[str | None]) -> list[str]:
+        """The most common held-out golds, training golds and model answers, in that order, deduplicated."""
+        def usable(a: str | None) -> bool:
+            return a is not None and bool(a.strip()) and len(a) <= MAX_CANDIDATE_CHARS
+
+        sources = [
+            Counter(_norm(e.answer) for e in examples if usable(e.answer)),
+            Counter(_norm(a) for a in self._load_train_answers() if usable(a)),
+            Counter(a for a in model_answers if usable(a)),
+        ]
+        out: list[str] = []
+        for counter in sources:
+            out += [a for a in _top(counter, self.candidates_per_source) if a not in out]
+        return out
+
+    def _train_prior(self, examples: Sequence["Example"]) -> tuple[np.ndarray, dict[str, Any]]:
+        """Per prompt: the probability that a random training answer is correct for it. The most
+        frequent training answers are scored by the reward function; the rarer rest (each a small
+        share) are counted correct where they equal the prompt's gold answer after normalisation,
+        so equivalent forms among them are missed (a slight underestimate)."""
+        counts = Counter(_norm(a) for a in self._load_train_answers() if a.strip())
+        total = sum(counts.values())
+        scored = [a for a in _top(counts, self.train_prior_scored) if len(a) <= MAX_CANDIDATE_CHARS]
+        q = np.zeros(len(examples))
+        if scored:
+            q += (np.array([counts[a] / total for a in scored])[:, None]
+                  * self._correct_matrix(scored, examples)).sum(axis=0)
+        exact = set(scored)
+        rest = {a: c / total for a, c in counts.items() if a not in exact}
+        for i, e in enumerate(examples):
+            if e.answer is not None:
+                q[i] += rest.get(_norm(e.answer), 0.0)
+        top = _top(counts, 1)[0]
+        return q, {"train_answers": total, "distinct_train_answers": len(counts),
+                   "scored_share": sum(counts[a] for a in scored) / total, "top_train_answer": top,
+                   "top_train_share": counts[top] / total}
+
+    # -- the record of one evaluation
+
+    def measure(self, examples: Sequence["Example"], completions: Sequence[Sequence[str]],
+                correct: Sequence[Sequence[float]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Guardrails of one evaluation: ``completions[i]`` and ``correct[i]`` are prompt i's
+        samples (one for greedy). Returns (record, per-prompt fields {"answers", "well_formed"}),
+        the record as described in the module docstring (``docs/experiments.md``)."""
+        if not (len(examples) == len(completions) == len(correct)):
+            raise ValueError(f"{len(examples)} prompts, {len(completions)} completion lists, {len(correct)} "
+                             "correctness lists: one of each per prompt is needed")
+        per_prompt = []
+        all_answers: list[str | None] = []
+        for e, comps in zip(examples, completions):
+            ep = (e.metadata or {}).get("entry_point") if self.code else None
+            answers = extract_answers(comps, self.answer_format, code=self.code)
+            wf = well_formed_flags(comps, self.answer_format, code=self.code, entry_points=[ep] * len(comps))
+            per_prompt.append({"answers": answers, "well_formed": wf})
+            all_answers += answers
+        counts = PromptCounts.from_lists(correct, [p["well_formed"] for p in per_prompt])
+        record: dict[str, Any] = {
+            "n_prompts": len(examples), "n_completions": int(counts.n.sum()),
+            "well_formed": counts.well_formed_share,
+            "n_well_formed": int(counts.wf.sum()),
+            "accuracy_well_formed": counts.accuracy_well_formed,
+            **{k: v for k, v in answer_spread(all_answers).items() if k not in ("n_completions",)},
+        }
+        if self.code:
+            record["top_answer"] = None if record["top_answer"] is None else _short(record["top_answer"], 80)
+        model_acc = counts.per_prompt_accuracy
+        boot = dict(n_resamples=self.n_resamples, seed=self.seed)
+        if self.not_applicable is not None:
+            na = {"applicable": False, "reason": self.not_applicable}
+            record["best_constant"] = dict(na)
+            record["train_prior"] = dict(na)
+            return record, per_prompt
+        candidates = self._candidates(examples, all_answers)
+        if not candidates:
+            record["best_constant"] = {"applicable": False, "reason": "no gold or model answer to try as a constant"}
+        else:
+            matrix = self._correct_matrix(candidates, examples)
+            acc = matrix.mean(axis=1)
+            best = int(np.argmax(acc))  # first of the ties: the most frequent source's order
+            diff = paired_bootstrap_diff(matrix[best].astype(float), model_acc, **boot)
+            record["best_constant"] = {
+                "applicable": True, "answer": candidates[best], "accuracy": float(acc[best]),
+                "n_candidates": len(candidates), "model_minus": _diff_fields(diff)}
+        if not self._load_train_answers():
+            record["train_prior"] = {"applicable": False, "reason": "the training examples have no gold answers"}
+        else:
+            q, info = self._train_prior(examples)
+            diff = paired_bootstrap_diff(q, model_acc, **boot)
+            record["train_prior"] = {"applicable": True, "accuracy": float(q.mean()), **info,
+                                     "model_minus": _diff_fields(diff)}
+        return record, per_prompt
+
+
+def _diff_fields(diff: dict[str, Any]) -> dict[str, Any]:
+    return {k: diff[k] for k in ("diff", "ci_low", "ci_high", "excludes_zero")}
+
+
+def flat_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """The record's numbers as flat top-level keys of an evaluation summary (evals.jsonl), so
+    ``reinforge compare --metric`` and the exporters see them."""
+    out: dict[str, float] = {"well_formed": record["well_formed"], "distinct_answers": record["distinct_answers"],
+                             "top_answer_share": record["top_answer_share"]}
+    if record.get("accuracy_well_formed") is not None:
+        out["accuracy_well_formed"] = record["accuracy_well_formed"]
+    if record["best_constant"].get("applicable"):
+        out["best_constant_accuracy"] = record["best_constant"]["accuracy"]
+    if record["train_prior"].get("applicable"):
+        out["train_prior_accuracy"] = record["train_prior"]["accuracy"]
+    return out
+
+
+# ----------------------------------------------------------------------------- verdict
+
+
+@dataclass
+class PromptCounts:
+    """Per prompt: completions, correct ones, well-formed ones, correct well-formed ones."""
+
+    ids: list[str]
+    n: np.ndarray
+    correct: np.ndarray
+    wf: np.ndarray
+    correct_wf: np.ndarray
+
+    @classmethod
+    def from_lists(cls, correct: Sequence[Sequence[float]], well_formed: Sequence[Sequence[bool]],
+                   ids: Sequence[str] | None = None) -> "PromptCounts":
+        c = [np.asarray(x, dtype=float) for x in correct]
+        w = [np.asarray(x, dtype=float) for x in well_formed]
+        return cls(ids=list(ids) if ids is not None else [str(i) for i in range(len(c))],
+                   n=np.array([len(x) for x in c], dtype=float), correct=np.array([x.sum() for x in c]),
+                   wf=np.array([x.sum() for x in w]), correct_wf=np.array([(x * y).sum() for x, y in zip(c, w)]))
+
+    @property
+    def per_prompt_accuracy(self) -> np.ndarray:
+        return self.correct / np.maximum(self.n, 1)
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.correct.sum() / max(self.n.sum(), 1))
+
+    @property
+    def well_formed_share(self) -> float:
+        return float(self.wf.sum() / max(self.n.sum(), 1))
+
+    @property
+    def accuracy_well_formed(self) -> float | None:
+        return float(self.correct_wf.sum() / self.wf.sum()) if self.wf.sum() > 0 else None
+
+    def select(self, ids: Sequence[str]) -> "PromptCounts":
+        pos = {i: k for k, i in enumerate(self.ids)}
+        idx = [pos[i] for i in ids]
+        return PromptCounts(list(ids), self.n[idx], self.correct[idx], self.wf[idx], self.correct_wf[idx])
+
+
+def spec_from_config(config: dict[str, Any]) -> tuple[str, bool]:
+    """(answer format, scored by code) from a run's saved config dict."""
+    reward = config.get("reward") or {}
+    names = {v.get("name") for v in reward.get("verifiers") or [] if isinstance(v, dict)}
+    code = "code" in names or (config.get("task") or {}).get("source") == "code"
+    return reward.get("answer_format", "tags"), code
+
+
+def prompt_counts(rows: Sequence[dict[str, Any]], answer_format: str, *, code: bool = False) -> PromptCounts:
+    """PromptCounts from an evaluation's per-prompt rows: greedy rows ({"completion", "correct"})
+    or sampled rows ({"completions", "correct": [...]}). Rows written before the guardrails
+    existed have no "well_formed": it is computed from the completions."""
+    correct, wf = [], []
+    for r in rows:
+        comps = r["completions"] if "completions" in r else [r["completion"]]
+        cor = r["correct"] if isinstance(r["correct"], list) else [r["correct"]]
+        flags = r.get("well_formed")
+        if flags is None:
+            ep = (r.get("metadata") or {}).get("entry_point") if code else None
+            flags = well_formed_flags(comps, answer_format, code=code, entry_points=[ep] * len(comps))
+        elif not isinstance(flags, list):
+            flags = [flags]
+        correct.append([float(x) for x in cor])
+        wf.append([bool(x) for x in flags])
+    return PromptCounts.from_lists(correct, wf, ids=[str(r["id"]) for r in rows])
+
+
+def _fmt_diff(d: dict[str, Any]) -> str:
+    return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+
+
+def _beats(d: dict[str, Any] | None) -> bool:
+    return d is not None and math.isfinite(d["ci_low"]) and d["ci_low"] > 0
+
+
+def guardrail_verdict(model: PromptCounts, record: dict[str, Any], base: PromptCounts | None = None, *,
+                      base_label: str = "the base model", seed: int = 0, n_resamples: int = 10_000,
+                      confidence: float = 0.95) -> dict[str, Any]:
+    """The verdict on one evaluation (``model`` with its guardrail ``record``) against the base
+    model's evaluation on the same prompts (paired by id) and the prior baselines.
+
+    Returns {"gain_over_base", "over_best_constant", "over_train_prior", "over_format_only",
+    "well_formed_accuracy_change" (each {"diff", "ci_low", "ci_high", "excludes_zero"} or None
+    when not measurable), "flags" (subset of "no_gain", "prior", "format"), "status" ("genuine",
+    "explained", "no_gain" or "priors_only" without a base), "text" (one line in plain words)}.
+    """
+    boot = dict(confidence=confidence, n_resamples=n_resamples, seed=seed)
+    out: dict[str, Any] = {"base": base_label if base is not None else None, "gain_over_base": None,
+                           "over_format_only": None, "well_formed_accuracy_change": None}
+    const, prior = record.get("best_constant") or {}, record.get("train_prior") or {}
+    out["over_best_constant"] = const.get("model_minus") if const.get("applicable") else None
+    out["over_train_prior"] = prior.get("model_minus") if prior.get("applicable") else None
+    notes: list[str] = []
+    if base is not None:
+        ids = [i for i in model.ids if i in set(base.ids)]
+        if not ids:
+            raise ValueError("the evaluation and its base share no prompt: nothing to pair")
+        m, b = model.select(ids), base.select(ids)
+        out["n_paired"] = len(ids)
+        out["gain_over_base"] = _diff_fields(paired_bootstrap_diff(b.per_prompt_accuracy, m.per_prompt_accuracy, **boot))
+        out["base_accuracy"] = b.accuracy
+        out["base_well_formed"] = b.well_formed_share
+        out["base_accuracy_well_formed"] = b.accuracy_well_formed
+        if b.wf.sum() > 0:
+            # format-only baseline: the base model's accuracy among its well-formed completions
+            fmt = paired_bootstrap_statistic(
+                [m.correct, m.n, b.correct_wf, b.wf],
+                lambda mc, mn, bc, bw: mc.sum(1) / mn.sum(1) - bc.sum(1) / bw.sum(1), **boot)
+            out["format_only_accuracy"] = b.accuracy_well_formed
+            out["over_format_only"] = {"diff": fmt["value"], "ci_low": fmt["ci_low"], "ci_high": fmt["ci_high"],
+                                       "excludes_zero": fmt["excludes_zero"]}
+            if m.wf.sum() > 0:
+                wfc = paired_bootstrap_statistic(
+                    [m.correct_wf, m.wf, b.correct_wf, b.wf],
+                    lambda mc, mw, bc, bw: mc.sum(1) / mw.sum(1) - bc.sum(1) / bw.sum(1), **boot)
+                out["well_formed_accuracy_change"] = {"diff": wfc["value"], "ci_low": wfc["ci_low"],
+                                                      "ci_high": wfc["ci_high"], "excludes_zero": wfc["excludes_zero"]}
+        else:
+            notes.append("format-only baseline not measurable: the base model gave no well-formed answer")
+    flags: list[str] = []
+    reasons: list[str] = []
+    gain = out["gain_over_base"]
+    if base is not None and not _beats(gain):
+        flags.append("no_gain")
+    if const.get("applicable") and not _beats(out["over_best_constant"]):
+        flags.append("prior")
+        reasons.append(f"does not beat the best constant answer (`{_short(const['answer'])}`, "
+                       f"{const['accuracy']:.3f}): {_fmt_diff(out['over_best_constant'])}")
+    if prior.get("applicable") and not _beats(out["over_train_prior"]):
+        if "prior" not in flags:
+            flags.append("prior")
+        reasons.append(f"does not beat answering with the training answers' distribution "
+                       f"({prior['accuracy']:.3f}): {_fmt_diff(out['over_train_prior'])}")
+    if base is not None and _beats(gain):
+        fo, wfc = out["over_format_only"], out["well_formed_accuracy_change"]
+        if fo is not None and not _beats(wfc):
+            flags.append("format")
+            b_wf = out["base_accuracy_well_formed"]
+            m_wf = model.select(ids).accuracy_well_formed
+            change = _fmt_diff(wfc) if wfc is not None else "n/a (no well-formed answer now)"
+            reasons.append(f"gain explained by format: accuracy among well-formed answers did not rise "
+                           f"({b_wf:.3f} -> {m_wf if m_wf is None else format(m_wf, '.3f')}, {change}; "
+                           f"well-formed {out['base_well_formed']:.1%} -> {model.select(ids).well_formed_share:.1%})")
+        elif fo is not None and not _beats(fo):
+            flags.append("format")
+            reasons.append(f"does not beat the format-only baseline (the base model's accuracy among its "
+                           f"well-formed answers, {out['format_only_accuracy']:.3f}): {_fmt_diff(fo)}")
+    out["flags"] = flags
+    if base is not None:
+        head = f"gain over {base_label} {_fmt_diff(gain)}"
+        if "no_gain" in flags:
+            status = "no_gain"
+            text = (f"no significant gain over {base_label}: {_fmt_diff(gain)}"
+                    + (f"; it also {'; '.join(reasons)}" if reasons else ""))
+        elif reasons:
+            status = "explained"
+            text = f"{head}, but it " + "; ".join(reasons)
+        else:
+            status = "genuine"
+            parts = [f"{base_label} ({_fmt_diff(gain)})"]
+            if out["over_best_constant"] is not None:
+                parts.append(f"the best constant answer ({_fmt_diff(out['over_best_constant'])})")
+            if out["over_train_prior"] is not None:
+                parts.append(f"the training answers' distribution ({_fmt_diff(out['over_train_prior'])})")
+            if out["over_format_only"] is not None:
+                parts.append(f"the format-only baseline ({_fmt_diff(out['over_format_only'])})")
+            text = "genuine gain: beats " + ", ".join(parts) + ", each with a 95% interval above zero"
+    else:
+        status = "explained" if reasons else "priors_only"
+        text = ("the model " + "; ".join(reasons)) if reasons else (
+            "beats the prior baselines" + (f" (best constant answer {_fmt_diff(out['over_best_constant'])})"
+                                           if out["over_best_constant"] is not None else "")
+            + "; no base evaluation to measure a gain against")
+    if notes:
+        text += " (" + "; ".join(notes) + ")"
+    out["status"] = status
+    out["text"] = text
+    return out
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def guardrail_lines(record: dict[str, Any], *, base_record: dict[str, Any] | None = None,
+                    base_name: str = "step 0") -> list[str]:
+    """Markdown bullets for one evaluation's guardrail record (with the base's values beside)."""
+    def was(key: str, fmt: str) -> str:
+        if base_record is None or base_record.get(key) is None:
+            return ""
+        return f" ({base_name}: {format(base_record[key], fmt)})"
+
+    awf = record.get("accuracy_well_formed")
+    lines = [
+        f"- well-formed answers: {record['well_formed']:.1%}{was('well_formed', '.1%')}; accuracy among them "
+        f"{'n/a' if awf is None else format(awf, '.3f')}{was('accuracy_well_formed', '.3f')}",
+    ]
+    top = record.get("top_answer")
+    spread = (f"- distinct answers: {record['distinct_answers']}{was('distinct_answers', 'd')}; most frequent "
+              + (f"`{_short(top)}` on {record['top_answer_share']:.1%} of completions" if top is not None else "none")
+              + (f" ({base_name}: `{_short(base_record['top_answer'])}` on {base_record['top_answer_share']:.1%})"
+                 if base_record is not None and base_record.get("top_answer") is not None else ""))
+    lines.append(spread)
+    const, prior = record["best_constant"], record["train_prior"]
+    if const.get("applicable"):
+        lines.append(f"- best constant answer: `{_short(const['answer'])}` scores {const['accuracy']:.3f} "
+                     f"(best of {const['n_candidates']} candidates, scored by the reward's verifiers); "
+                     f"model minus it {_fmt_diff(const['model_minus'])}")
+    else:
+        lines.append(f"- best constant answer: not applicable ({const.get('reason')})")
+    if prior.get("applicable"):
+        lines.append(f"- answering with the training answers' distribution: {prior['accuracy']:.3f} expected "
+                     f"accuracy ({prior['distinct_train_answers']} distinct answers in {prior['train_answers']} "
+                     f"training examples, most common `{_short(prior['top_train_answer'])}` "
+                     f"{prior['top_train_share']:.1%}); model minus it {_fmt_diff(prior['model_minus'])}")
+    else:
+        lines.append(f"- training answers' distribution: not applicable ({prior.get('reason')})")
+    return lines
+
+
+def verdict_lines(verdict: dict[str, Any]) -> list[str]:
+    lines = []
+    fo = verdict.get("over_format_only")
+    if fo is not None:
+        lines.append(f"- format-only baseline (accuracy among the well-formed answers of {verdict['base']}): "
+                     f"{verdict['format_only_accuracy']:.3f}; model minus it {_fmt_diff(fo)}")
+    lines.append(f"- **Verdict**: {verdict['text']}.")
+    return lines
+
+
+# ----------------------------------------------------------------------------- old runs
+
+
+def backfill_run(run_path: Any, *, seed: int | None = None) -> list[dict[str, Any]]:
+    """Compute and record the guardrails of every greedy evaluation of a run made before they
+    existed (evals.jsonl lines without "guardrails"), from its saved completions, task and reward
+    config. Writes evals.jsonl and evals/ of the run (take a copy to keep the original); the
+    summary is rewritten by ``reinforge.trainer.summary.write_run_summary``. Returns the updated
+    evals.jsonl lines."""
+    from reinforge.config import RunConfig
+    from reinforge.rewards import build_reward
+    from reinforge.tasks import build_task
+    from reinforge.tracking import RunDir
+    from reinforge.tracking.io import atomic_write_json, rewrite_jsonl
+    from reinforge.tracking.run_dir import EVAL_DETAILS_DIR, EVALS_FILE, _eval_detail_name
+
+    rd = RunDir.open(run_path)
+    cfg = RunConfig.model_validate(rd.load_config())
+    task = build_task(cfg.task)
+    reward_fn = build_reward(cfg.reward, task)
+    guard = Guardrails.build(task, reward_fn, cfg.reward, seed=cfg.trainer.seed if seed is None else seed)
+    by_id = {e.id: e for e in task.eval_examples()}
+    evals = rd.read_evals()
+    rd.acquire_writer()
+    try:
+        for line in evals:
+            step = int(line["step"])
+            if "guardrails" in line or step not in rd.eval_steps():
+                continue
+            rows = rd.read_eval_details(step)
+            missing = [r["id"] for r in rows if r["id"] not in by_id]
+            if missing:
+                raise ValueError(f"eval at step {step} has prompts the task no longer makes (first {missing[0]!r})")
+            record, extra = guard.measure([by_id[r["id"]] for r in rows], [[r["completion"]] for r in rows],
+                                          [[float(r["correct"])] for r in rows])
+            for r, x in zip(rows, extra):
+                r["extracted"], r["well_formed"] = x["answers"][0], x["well_formed"][0]
+            atomic_write_json(rd.path / EVAL_DETAILS_DIR / _eval_detail_name(step), rows, indent=None)
+            line.update(flat_metrics(record))
+            line["guardrails"] = record
+        rewrite_jsonl(rd.path / EVALS_FILE, evals)
+    finally:
+        rd.release_writer()
+    return evals
+
