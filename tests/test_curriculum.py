@@ -329,3 +329,20 @@ def test_schedule_needs_a_reasoning_gym_task(tmp_path):
     bad = _rg_config("curriculum.strategy=difficulty_schedule", "curriculum.levels=[{max_n: 15}, {max_count: 3}]")
     with pytest.raises(ConfigError, match="max_count"):
         build_curriculum(bad, build_task(bad.task))
+
+
+@pytest.mark.parametrize("name", ["curriculum_greso.yaml", "curriculum_schedule.yaml", "curriculum_mixture.yaml"])
+def test_example_configs_build_their_curriculum(name):
+    from pathlib import Path
+
+    from reinforge.config import load_config
+    from reinforge.tasks import build_task
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / name, ["task.eval_size=20", "task.train_size=50"])
+    cur = build_curriculum(cfg, build_task(cfg.task))
+    assert type(cur).__name__ == {"curriculum_greso.yaml": "Greso", "curriculum_schedule.yaml": "DifficultySchedule",
+                                  "curriculum_mixture.yaml": "TaskMixture"}[name]
+    examples = cur.task.train_examples()
+    picked = [examples[i] for i in cur.sample(8)]
+    assert len({e.id for e in picked}) == 8
+    assert all(cur.task.score(e.answer, e) == 1.0 for e in picked)
