@@ -603,10 +603,11 @@ class RunConfig(_Section):
             raise ValueError(f"curriculum.strategy={strategy} reads the outcomes of a group, so it needs "
                              "rollout.num_samples >= 2")
         cc = self.curriculum
-        if strategy == "reinforce_ada" and (cc.ada_samples_per_round or rollout.num_samples) * cc.max_rounds < rollout.num_samples:
+        per_round = cc.ada_samples_per_round or rollout.num_samples
+        if strategy == "reinforce_ada" and per_round * cc.max_rounds < rollout.num_samples:
             raise ValueError(
                 f"curriculum: reinforce_ada's budget max_rounds x ada_samples_per_round = {cc.max_rounds} x "
-                f"{cc.ada_samples_per_round} is smaller than the group size rollout.num_samples="
+                f"{per_round} is smaller than the group size rollout.num_samples="
                 f"{rollout.num_samples}; raise curriculum.max_rounds or curriculum.ada_samples_per_round"
             )
         if algo.dual_clip is not None and algo.policy_loss != "clipped":

@@ -12,7 +12,10 @@ def _sub_task(cfg, overrides: dict):
     from ..config import ConfigError, TaskConfig, deep_merge
     from ..tasks import build_task
 
-    merged = deep_merge(cfg.task.model_dump(), overrides)
+    base = cfg.task.model_dump()
+    if overrides.get("name", base["name"]) != base["name"]:
+        base["options"] = {}  # another task: the configured task's options are not its options
+    merged = deep_merge(base, overrides)
     try:
         return build_task(TaskConfig.model_validate(merged))
     except ValueError as err:
@@ -50,7 +53,9 @@ def build_curriculum(cfg, task_or_count) -> Curriculum:
         if cfg.task.source != "reasoning_gym":
             raise ConfigError("curriculum.strategy=difficulty_schedule sets task.options per level, which only "
                               f"reasoning-gym tasks have (task.source={cfg.task.source!r})")
-        levels = [(f"level{i}", _sub_task(cfg, {"options": {**cfg.task.options, **lvl}}))
+        # A level's own held-out set is never used (evaluation stays on the configured task), so
+        # it holds out a single question: the least a reasoning-gym task can.
+        levels = [(f"level{i}", _sub_task(cfg, {"options": {**cfg.task.options, **lvl}, "eval_size": 1}))
                   for i, lvl in enumerate(cc.levels)]
         pooled = PooledTask(f"{task.name}-levels", levels, eval_from=[(None, task)])
         return DifficultySchedule(pooled, seed, threshold=cc.level_threshold, window=cc.level_window, **kw)
