@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .algorithms import (
     ADVANTAGE_ESTIMATORS, COV_PENALTIES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, SCALE_MODES, needs_of, scale_mode,
 )
+from .curriculum.config import CurriculumConfig
 from .recipes import RECIPES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -675,6 +676,7 @@ class RunConfig(_Section):
     critic: CriticConfig = Field(default_factory=CriticConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     sft: SFTConfig | None = Field(
         None, description="Supervised warm start before RL (docs/sft.md): `reinforge train` runs it "
@@ -699,6 +701,23 @@ class RunConfig(_Section):
             raise ValueError(
                 "algorithm.dynamic_sampling keeps groups whose rewards differ, so it needs "
                 "rollout.num_samples >= 2"
+            )
+        strategy = self.curriculum.strategy
+        if algo.dynamic_sampling and strategy != "epochs":
+            raise ValueError(
+                f"algorithm.dynamic_sampling applies to curriculum.strategy=epochs; curriculum.strategy={strategy} "
+                "chooses its own groups: set algorithm.dynamic_sampling=false"
+            )
+        if strategy in ("difficulty_filter", "greso", "reinforce_ada") and rollout.num_samples < 2:
+            raise ValueError(f"curriculum.strategy={strategy} reads the outcomes of a group, so it needs "
+                             "rollout.num_samples >= 2")
+        cc = self.curriculum
+        per_round = cc.ada_samples_per_round or rollout.num_samples
+        if strategy == "reinforce_ada" and per_round * cc.max_rounds < rollout.num_samples:
+            raise ValueError(
+                f"curriculum: reinforce_ada's budget max_rounds x ada_samples_per_round = {cc.max_rounds} x "
+                f"{per_round} is smaller than the group size rollout.num_samples="
+                f"{rollout.num_samples}; raise curriculum.max_rounds or curriculum.ada_samples_per_round"
             )
         if algo.dual_clip is not None and algo.policy_loss != "clipped":
             raise ValueError(

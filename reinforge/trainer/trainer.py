@@ -147,6 +147,9 @@ class Trainer:
         # Cheap failures first: the task, the device and the model path are checked before any
         # weights load.
         self.task = build_task(cfg.task)
+        # The curriculum may train on a task made of several (difficulty levels, a mixture).
+        self.curriculum = build_curriculum(cfg, self.task)
+        self.task = self.curriculum.task
         self.train_examples = self.task.train_examples()
         eval_examples = self.task.eval_examples()
         if cfg.trainer.eval_max_prompts is not None:
@@ -193,7 +196,6 @@ class Trainer:
             temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
             autocast_dtype=self.autocast_dtype, reference_model=reference, critic=critic,
         )
-        self.curriculum = build_curriculum(cfg, len(self.train_examples))
         self.sampling = SamplingParams(
             num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -258,10 +260,12 @@ class Trainer:
         return summary
 
     # -- the phases of one step --------------------------------------------------------------
-    def collect(self, indices: list[int]) -> Collected:
-        """Sample ``rollout.num_samples`` trajectories for each training example in ``indices``."""
+    def collect(self, indices: list[int], num_samples: int | None = None) -> Collected:
+        """Sample ``rollout.num_samples`` (or ``num_samples``) trajectories for each training
+        example in ``indices``."""
         examples = [self.train_examples[i] for i in indices]
-        rollout = self.generator.generate([self._encode(e) for e in examples], self.sampling)
+        sampling = self.sampling if num_samples is None else dataclasses.replace(self.sampling, num_samples=num_samples)
+        rollout = self.generator.generate([self._encode(e) for e in examples], sampling)
         return Collected(rollout, examples, indices)
 
     def score(self, collected: Collected) -> Scores:
@@ -276,8 +280,11 @@ class Trainer:
         kept)."""
         need = self.cfg.trainer.prompts_per_step
         cur = self.curriculum
+        if cur.adaptive_samples:
+            return self._gather_adaptive(timer)
         kept: list[tuple[RolloutBatch, list[Example], Scores]] = []
         n_kept = rounds = 0
+        sampled_tokens = 0.0
         last = None
         while n_kept < need and rounds < cur.max_rounds:
             rounds += 1
@@ -286,6 +293,7 @@ class Trainer:
             with timer("score"):
                 scores = self.score(collected)
             rollout = collected.rollout
+            sampled_tokens += float(rollout.action_lengths.sum())
             cur.observe(collected.indices, scores.rewards, rollout.group_index)
             last = (rollout, collected.examples, scores)
             good = cur.keep(scores.rewards, rollout.group_index).nonzero().squeeze(1)[: need - n_kept]
@@ -298,6 +306,8 @@ class Trainer:
                              scores.select(rows, part.completion_ids.shape[1])))
             n_kept += len(good)
         info = {"sampling_rounds": float(rounds), "informative_groups": float(n_kept)} if cur.max_rounds > 1 else {}
+        # Every round's tokens, kept or not (generated_tokens counts the trained-on rows only).
+        info.update(sampled_tokens=sampled_tokens, **cur.finish_step())
         if not kept:
             return Scored(*last, info=info)
         if len(kept) == 1:
@@ -305,6 +315,40 @@ class Trainer:
         rollout = concat_rollouts([k[0] for k in kept], pad_id=self.generator.pad_id)
         return Scored(rollout, [e for k in kept for e in k[1]],
                       concat_scores([k[2] for k in kept], rollout.completion_ids.shape[1]), info=info)
+
+    def _gather_adaptive(self, timer: PhaseTimer) -> Scored:
+        """Adaptive samples per prompt (Reinforce-Ada): the step's prompts are sampled in rounds of
+        ``curriculum.samples_per_round``, each round only for the prompts ``curriculum.resample()``
+        names, then ``curriculum.form_groups()`` picks each prompt's group from its samples."""
+        cur = self.curriculum
+        indices = cur.sample(self.cfg.trainer.prompts_per_step)
+        examples = [self.train_examples[i] for i in indices]
+        parts: list[tuple[RolloutBatch, Scores]] = []
+        row_prompt: list[int] = []   # the step's prompt (position in indices) of each pooled row
+        active, rounds = list(range(len(indices))), 0
+        while active and rounds < cur.max_rounds:
+            rounds += 1
+            with timer("collect"):
+                collected = self.collect([indices[p] for p in active], num_samples=cur.samples_per_round)
+            with timer("score"):
+                scores = self.score(collected)
+            cur.observe(collected.indices, scores.rewards, collected.rollout.group_index)
+            parts.append((collected.rollout, scores))
+            row_prompt += [active[int(g)] for g in collected.rollout.group_index]
+            active = cur.resample()
+        rollout = concat_rollouts([p[0] for p in parts], pad_id=self.generator.pad_id)
+        width = rollout.completion_ids.shape[1]
+        scores = concat_scores([p[1] for p in parts], width)
+        sampled_tokens = float(rollout.action_lengths.sum())
+        rows_of: dict[int, list[int]] = {}
+        for row, p in enumerate(row_prompt):
+            rows_of.setdefault(p, []).append(row)
+        rows = torch.tensor([rows_of[p][k] for p, picks in enumerate(cur.form_groups()) for k in picks])
+        # Rows of one prompt from different rounds become one group.
+        rollout = dataclasses.replace(rollout, group_index=torch.tensor(row_prompt)).select(rows)
+        scores = scores.select(rows, rollout.completion_ids.shape[1])
+        info = {"sampling_rounds": float(rounds), "sampled_tokens": sampled_tokens, **cur.finish_step()}
+        return Scored(rollout, examples, scores, info=info)
 
     def prepare(self, scored: Scored) -> Prepared:
         """Everything the update needs, as the algorithm's components declare it."""
