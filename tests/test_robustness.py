@@ -343,3 +343,104 @@ def test_a_stop_during_start_up_is_one_line_and_leaves_a_consistent_status(root,
         status = RunDir.open(run).status()
         assert status["state"] == "interrupted" and status["step"] == 3
         assert [m["step"] for m in RunDir.open(run).read_metrics()] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- full disks
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint_resumes_exactly(
+        root, monkeypatch, capsys):
+    import builtins
+
+    from reinforge.trainer import checkpoint as checkpoint_module
+
+    def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+        # step 2's optimizer state goes to /dev/full: the kernel's own ENOSPC, through torch.save
+        if "w" in mode and Path(path).name == "optimizer.pt" and ".tmp-step_000002" in str(path):
+            return builtins.open("/dev/full", mode, *args, **kwargs)
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "open", open_on_a_full_disk, raising=False)
+    run = root / "runs" / "full-checkpoint"
+    assert main(["train", *_overrides(root, "full-checkpoint", "trainer.steps=5")]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert f"no space left on device writing checkpoint step_000002 in {run / 'checkpoints'}" in line
+    assert "the partial folder was removed and the previous checkpoint step_000001 is intact" in line
+    assert f"`reinforge train --resume {run}`" in line
+    assert not list((run / "checkpoints").glob(".tmp*")) and [s for s, _ in list_checkpoints(run)] == [1]
+    status = RunDir.open(run).status()
+    assert status["state"] == "failed" and "no space left on device" in status["reason"]
+    monkeypatch.undo()  # space freed
+    assert main(["train", "--resume", str(run)]) == 0
+    _assert_same_as_straight(root, run)
+
+
+def test_a_full_disk_during_a_metrics_write_is_one_line_naming_the_file(root, monkeypatch, capsys):
+    import builtins
+
+    from reinforge.tracking import io as io_module
+
+    appends = []
+
+    def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+        # step 3's metrics line goes to /dev/full: a real ENOSPC from write(), which names no file
+        if Path(path).name == "metrics.jsonl" and "a" in mode:
+            appends.append(path)
+            if len(appends) == 3:
+                return builtins.open("/dev/full", mode, *args, **kwargs)
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io_module, "open", open_on_a_full_disk, raising=False)
+    run = root / "runs" / "full-metrics"
+    assert main(["train", *_overrides(root, "full-metrics", "trainer.steps=5")]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert f"no space left on device writing {run / 'metrics.jsonl'}" in line  # named by the io layer
+    assert "the latest checkpoint step_000002 is intact" in line
+    assert RunDir.open(run).status()["state"] == "failed"
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run)]) == 0
+    _assert_same_as_straight(root, run)
+
+
+def _tmpfs_available() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m none /mnt"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux" or not _tmpfs_available(),
+                    reason="needs unprivileged user and mount namespaces (unshare -rm) to mount a tiny tmpfs")
+def test_a_real_full_tmpfs_during_a_checkpoint(root, tmp_path):
+    """The run directory on a real 4 MiB tmpfs (a private mount namespace); during step 2 the reward
+    function fills it up to 100 kB, less than a checkpoint: the kernel's ENOSPC, however torch and
+    safetensors report it. Then the filler is deleted and the run resumed, in the same namespace."""
+    mnt, saved = tmp_path / "disk", tmp_path / "saved"
+    mnt.mkdir()
+    overrides = " ".join(f"'{o}'" for o in _overrides(root, "tmpfs", "trainer.steps=5", runs=mnt / "runs"))
+    py = f"{sys.executable} -m reinforge.cli"
+    script = (
+        f"mount -t tmpfs -o size=4m none {mnt} && "
+        f"TEST_RUN={mnt}/runs/tmpfs TEST_FILL={mnt}/filler TEST_LEAVE=100000 {py} train {overrides} "
+        f"> {tmp_path}/first.txt 2>&1; echo $? > {tmp_path}/first.rc; "
+        f"cp -r {mnt}/runs/tmpfs {tmp_path}/after-failure; rm {mnt}/filler; "
+        f"{py} train --resume {mnt}/runs/tmpfs > {tmp_path}/second.txt 2>&1; echo $? > {tmp_path}/second.rc; "
+        f"rm -rf {mnt}/runs/tmpfs/checkpoints {mnt}/runs/tmpfs/final_model; cp -r {mnt}/runs/tmpfs {saved}"
+    )
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    subprocess.run(["unshare", "-rm", "sh", "-c", script], env={**os.environ, "PYTHONPATH": path}, cwd=ROOT,
+                   timeout=480, check=True)
+    first = (tmp_path / "first.txt").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "1", first
+    line = _one_line(first)
+    assert "no space left on device writing checkpoint step_000002" in line, line
+    assert "the previous checkpoint step_000001 is intact" in line
+    print(line)
+    failed = tmp_path / "after-failure"
+    status = json.loads((failed / "status.json").read_text())
+    assert status["state"] == "failed" and "no space left on device" in status["reason"]
+    assert not list((failed / "checkpoints").glob(".tmp*"))
+    assert (tmp_path / "second.rc").read_text().strip() == "0", (tmp_path / "second.txt").read_text()
+    assert json.loads((saved / "status.json").read_text())["state"] == "finished"
+    _assert_same_as_straight(root, saved)

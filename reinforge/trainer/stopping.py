@@ -22,7 +22,6 @@ interrupted (:meth:`StopControl.critical`).
 
 from __future__ import annotations
 
-import _thread
 import signal
 import sys
 import threading
@@ -34,8 +33,10 @@ __all__ = ["StopControl", "StepAbandoned", "StartupInterrupted", "STOP_SIGNALS"]
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class StepAbandoned(Exception):
-    """The grace period ran out while the step was still generating or scoring."""
+class StepAbandoned(BaseException):
+    """The grace period ran out while the step was still generating or scoring. A BaseException,
+    like KeyboardInterrupt, so that the reward side's ``except Exception`` (a failing verifier
+    scores 0 and the run goes on) does not take it for a reward error."""
 
 
 class StartupInterrupted(KeyboardInterrupt):
@@ -148,9 +149,9 @@ class StopControl:
                     return
                 self._grace_over = True
                 self._timer_fired.set()
-                # Runs the SIGTERM handler in the main thread at its next bytecode, as a real
-                # signal would (but without killing anything if the handler were the default).
-                _thread.interrupt_main(signal.SIGTERM)
+                # A real signal, so that a main thread blocked in a wait wakes up (EINTR) and
+                # runs the handler; the lock keeps the handlers installed until it is sent.
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
         self._timer_fired = threading.Event()
         self._timer = threading.Timer(self.grace_s, expire)
