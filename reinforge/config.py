@@ -351,8 +351,9 @@ class AlgorithmConfig(_Section):
     tis_level: Literal[TIS_LEVELS] = Field(
         "token",
         description="'token': one weight per token; 'sequence': one weight per completion, the "
-        "truncated likelihood ratio of the whole sequence, exp(sum of log-ratios) (Yao et al., "
-        "2025). For off_policy='tis'.",
+        "truncated likelihood ratio of the whole sequence, exp(sum of log-ratios) (Liu, Li et al., "
+        "2025, 'When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference "
+        "Mismatch'). For off_policy='tis'.",
     )
     icepop_band: tuple[float, float] = Field(
         (0.5, 5.0),

@@ -7,7 +7,6 @@ says it, and (where the run goes on) a resume exactly equal to the run that was 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -24,7 +23,6 @@ from reinforge.cli import main
 from reinforge.config import build_config
 from reinforge.tracking import RunDir
 from reinforge.tracking.checkpoints import file_digest, list_checkpoints, verify_checkpoint
-from reinforge.tracking.io import DiskFullError
 from reinforge.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -444,3 +442,30 @@ def test_a_real_full_tmpfs_during_a_checkpoint(root, tmp_path):
     assert (tmp_path / "second.rc").read_text().strip() == "0", (tmp_path / "second.txt").read_text()
     assert json.loads((saved / "status.json").read_text())["state"] == "finished"
     _assert_same_as_straight(root, saved)
+
+
+def test_a_second_signal_waits_for_the_checkpoint_being_written():
+    """Real signals to this process: the first asks to stop, a second during a checkpoint write
+    is held until the write ends, then stops; a second one elsewhere stops at once."""
+    import io
+
+    from reinforge.trainer.stopping import StopControl
+
+    out = io.StringIO()
+    stop = StopControl(grace_s=60, out=out)
+    with stop.installed():
+        stop.steps_begin()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.requested and "SIGTERM: stopping after this step" in out.getvalue()
+        written = []
+        with pytest.raises(KeyboardInterrupt):
+            with stop.critical():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                written.append("the whole checkpoint")  # not interrupted
+        assert written == ["the whole checkpoint"] and "as soon as the checkpoint being written is complete" in out.getvalue()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    assert signal.getsignal(signal.SIGTERM) is not stop._on_signal  # handed back

@@ -18,7 +18,7 @@ step). Every correction also reports the sampler/learner mismatch (:func:`mismat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -106,8 +106,9 @@ def tis_correction(proximal_logprobs: Tensor, sampler_logprobs: Tensor, mask: Te
         sequence:  w_t = min(exp(sum_s d_s), C)   for every token t of the sequence
 
     The sequence-level weight is the likelihood ratio of the whole completion (unbiased for a
-    sequence-level objective, higher variance); ``tis_truncated_frac`` is the share of tokens (of
-    sequences, at sequence level) whose weight was truncated.
+    sequence-level objective, higher variance; "When Speed Kills Stability: Demystifying RL
+    Collapse from the Training-Inference Mismatch", Liu, Li et al., 2025); ``tis_truncated_frac``
+    is the share of tokens (of sequences, at sequence level) whose weight was truncated.
     """
     if tis_cap is None:
         raise ValueError("off-policy correction 'tis' needs algorithm.tis_cap (Yao et al. use 2.0)")
