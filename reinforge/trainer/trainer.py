@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 import logging
 import os
 import random
@@ -506,7 +507,7 @@ class Trainer:
             ckpts = list_checkpoints(rd.path) if rd is not None else []
             where = getattr(err, "filename", None) or "the run directory"
             kept = f"the latest checkpoint {ckpts[-1][1].name} is intact" if ckpts else "no checkpoint was written yet"
-            err = DiskFullError(28, f"no space left on device writing {where}; {kept}: free space, then "
+            err = DiskFullError(errno.ENOSPC, f"no space left on device writing {where}; {kept}: free space, then "
                                     f"`reinforge train --resume {rd.path if rd else '...'}`")
         # A refused command (a config change the resume policy rejects) leaves the run as it was.
         refused = isinstance(err, ConfigError)
