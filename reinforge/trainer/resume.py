@@ -54,7 +54,8 @@ __all__ = ["FREE_KEYS", "FIXED_KEYS", "ResumeRefused", "ResumePlan", "change_kin
 # Keys (or sections, as prefixes) a resume may change freely.
 FREE_KEYS = (
     "trainer.steps", "trainer.eval_every", "trainer.eval_at_start", "trainer.checkpoint_every",
-    "trainer.keep_checkpoints", "trainer.stop_grace_s", "trainer.samples_to_log", "trainer.max_consecutive_nan", "trainer.num_threads",
+    "trainer.keep_checkpoints", "trainer.stop_grace_s", "trainer.samples_to_log", "trainer.max_consecutive_nan",
+    "trainer.num_threads",
     "tracking.progress", "tracking.exporters", "tracking.wandb", "tracking.mlflow", "tracking.tensorboard",
     "tracking.trackio",
     # speed and memory: same algorithm, possibly other float rounding
