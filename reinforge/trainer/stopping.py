@@ -56,6 +56,7 @@ class StopControl:
         self._grace_over = False
         self._abort_after_critical = False
         self._timer: threading.Timer | None = None
+        self._timer_fired = threading.Event()  # set by the grace timer just before its wake-up signal
         self._saved: dict[int, object] = {}
         self._lock = threading.Lock()
 
@@ -140,8 +141,6 @@ class StopControl:
             if self._phase == "abandonable":
                 raise StepAbandoned
 
-    _timer_fired = threading.Event()
-
     def _start_timer(self) -> None:
         def expire() -> None:
             with self._lock:
@@ -153,7 +152,6 @@ class StopControl:
                 # runs the handler; the lock keeps the handlers installed until it is sent.
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
-        self._timer_fired = threading.Event()
         self._timer = threading.Timer(self.grace_s, expire)
         self._timer.daemon = True
         self._timer.start()
