@@ -165,6 +165,7 @@ def test_a_damaged_last_checkpoint_with_no_fallback_is_refused_naming_the_file(r
 def test_a_damaged_last_checkpoint_falls_back_to_the_one_before_exactly(root, capsys):
     run = _copy(root, "fallback")
     _overwrite_4k(run / "checkpoints" / "step_000003" / "weights.safetensors")  # same size: silent before
+    (run / "checkpoints" / ".tmp-step_000009").mkdir()  # what a SIGKILL mid-write leaves (another step)
     assert main(["train", "--resume", str(run), "trainer.steps=5"]) == 0
     err = capsys.readouterr().err
     warning = next(line for line in err.splitlines() if "is damaged" in line)
@@ -174,6 +175,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_one_before_exactly(root, ca
     _assert_same_as_straight(root, run)
     assert RunDir.open(run).status()["state"] == "finished"
     assert [s for s, _ in list_checkpoints(run)] == [4, 5] and verify_checkpoint(run / "checkpoints" / "step_000005").intact
+    assert not list((run / "checkpoints").glob(".tmp*"))
 
 
 @pytest.mark.parametrize("damage", ["truncated optimizer.pt", "state.json deleted"])

@@ -148,6 +148,16 @@ def _torch_save(obj: Any, path: Path) -> None:
         f.close()
 
 
+def remove_partial_checkpoints(run_path: Path) -> list[str]:
+    """Remove the ``.tmp-step_*`` folders a killed process (SIGKILL, power loss) left mid-write;
+    returns their names. Only the run's writer may call it."""
+    root = checkpoint_root(run_path)
+    gone = sorted(p.name for p in root.glob(".tmp-*") if p.is_dir()) if root.is_dir() else []
+    for name in gone:
+        shutil.rmtree(root / name, ignore_errors=True)
+    return gone
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint's state, weights, optimiser and RNG states. A file that cannot be read
     raises DamagedCheckpointError naming it (call ``verify_checkpoint`` first to check digests)."""

@@ -49,7 +49,14 @@ from ..tracking import RunDir
 from ..tracking.checkpoints import list_checkpoints
 from ..tracking.curves import plot_learning_curves
 from ..tracking.io import DiskFullError, is_disk_full
-from .checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    remove_partial_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .progress import Progress
 from .resume import ResumePlan, apply_optimizer_settings, plan_resume, record_segment
 from .stopping import StartupInterrupted, StepAbandoned, StopControl
@@ -204,6 +211,8 @@ class Trainer:
     def _restore(self) -> None:
         # The plan chose the newest checkpoint whose checksums match (reinforge/trainer/resume.py).
         ckpt = self._plan.checkpoint if self._plan is not None else latest_checkpoint(self.run_dir.path)
+        for name in remove_partial_checkpoints(self.run_dir.path):
+            log.info("removed %s, a checkpoint a killed process left half-written", name)
         if ckpt is None:
             log.warning("no checkpoint in %s: starting from step 0", self.run_dir.path)
             self.run_dir.truncate_after(0)
