@@ -1,17 +1,25 @@
-"""`reinforge train / recipes / eval / sweep / compare / runs / reproduce` command line."""
+"""`reinforge train / recipes / eval / sweep / compare / runs / reproduce` command line.
+
+Only the standard library and the run-directory helpers are imported with this module: the
+config (and with it torch) loads inside :func:`main`, after SIGTERM and Ctrl-C are handled, so a
+stop during the imports ends with one line instead of a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from .config import ConfigError, build_config, load_config, set_dotted
+from .tracking.io import DiskFullError
 from .tracking.lock import RunLockedError
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load_config
     from .trainer import Trainer
     from .trainer.resume import resume_config
     from .tracking import RunDir
@@ -30,7 +38,13 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError("--new-segment applies to --resume RUN_DIR (a run continued under a changed config)")
         cfg = load_config(args.config, args.overrides)
         trainer = Trainer(cfg)
-    result = trainer.run()
+    try:
+        result = trainer.run()
+    except KeyboardInterrupt as stop:  # only a stop during start-up gets here (trainer/stopping.py)
+        hint = f" Resume with: reinforge train --resume {args.resume}" if args.resume else ""
+        print(f"reinforge: stopped by {stop.args[0] if stop.args else 'SIGINT'} during start-up; nothing was "
+              f"trained.{hint}", file=sys.stderr)
+        return 130
     print(f"run directory: {result.run_dir}")
     summary_md = Path(result.run_dir) / "summary.md"
     if result.summary and summary_md.is_file():
@@ -90,6 +104,7 @@ def _sft(args: argparse.Namespace) -> int:
 def _recipes(args: argparse.Namespace) -> int:
     """`reinforge recipes`: one line per recipe with its paper; `recipes show NAME`: the paper,
     notes and the full resolved config the recipe starts from (any key can be overridden)."""
+    from .config import build_config
     import textwrap
 
     import yaml
@@ -124,7 +139,31 @@ def _recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminate_as_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line. SIGTERM is treated as Ctrl-C from the start (a training run then stops as
+    reinforge/trainer/stopping.py says); a stop before a run began prints one line, no traceback."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as stop:  # the trainer handles its own; this is before it began, or another command
+        words = list(sys.argv[1:] if argv is None else argv)
+        when = " during start-up; nothing was trained" if words[:1] == ["train"] else ""
+        print(f"reinforge: stopped by {stop.args[0] if stop.args else 'SIGINT'}{when}", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    from .config import ConfigError
+
     parser = argparse.ArgumentParser(prog="reinforge", description="RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="run RL training from a YAML config plus key=value overrides")
@@ -183,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunLockedError as err:  # one line: who holds the run
         print(f"reinforge: {err}", file=sys.stderr)
         return 1
+    except DiskFullError as err:  # one line: what filled up, what is intact (the status says failed)
+        print(f"reinforge: {err.strerror}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"reinforge: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
@@ -201,6 +243,7 @@ def _split_items(items: list[str]) -> tuple[list[str], list[str]]:
 
 def _eval_raw_config(raw: dict, args: argparse.Namespace, *, model_path: str | None = None) -> dict:
     """raw config <- --task <- model path; values set as data, never re-parsed from text."""
+    from .config import set_dotted
     import copy
 
     raw = copy.deepcopy(raw)
@@ -218,7 +261,7 @@ def _eval_raw_config(raw: dict, args: argparse.Namespace, *, model_path: str | N
 
 def _model_target(target: str) -> str:
     """The model.path for a bare-model target, or an error naming what was expected."""
-    from .config import DEFAULT_MODEL
+    from .config import DEFAULT_MODEL, ConfigError
 
     if target in ("default", DEFAULT_MODEL):
         return DEFAULT_MODEL
@@ -237,6 +280,7 @@ def _model_target(target: str) -> str:
 
 def _resolve_eval_target(target: str, args: argparse.Namespace, overrides: list[str]):
     """(config, ModelSource, RunDir or None) for `reinforge eval TARGET`."""
+    from .config import ConfigError, build_config, load_config
     from .evaluation.runner import ModelSource
     from .tracking import RunDir
 
@@ -337,6 +381,7 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from .config import ConfigError
     from .tracking import RunDir
 
     targets, overrides = _split_items(args.items)
@@ -369,6 +414,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _eval_boundary(args: argparse.Namespace, overrides: list[str]) -> int:
+    from .config import ConfigError, build_config, load_config
     from .evaluation.boundary import boundary_analysis, boundary_csv, boundary_markdown, plot_boundary
     from .evaluation.runner import ModelSource
     from .tracking import RunDir, atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -410,6 +456,7 @@ def _eval_boundary(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from .config import ConfigError
     from .tracking import RunDir
     from .tracking.index import run_state
     from .tracking.sweep import load_sweep, plan_sweep, run_sweep
@@ -446,6 +493,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from .config import ConfigError
     import time
 
     from .evaluation.compare import compare_runs
@@ -482,6 +530,7 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    from .config import ConfigError, build_config
     from .tracking import RunDir, atomic_write_json, atomic_write_text
     from .tracking.reproduce import compare_run_dirs, format_repro_report
     from .tracking.segments import read_segments

@@ -16,7 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .algorithms import (
-    ADVANTAGE_ESTIMATORS, COV_PENALTIES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, SCALE_MODES, needs_of, scale_mode,
+    ADVANTAGE_ESTIMATORS, COV_PENALTIES, KL_ESTIMATORS, LOSS_AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES,
+    SCALE_MODES, TIS_LEVELS, needs_of, scale_mode,
 )
 from .curriculum.config import CurriculumConfig
 from .recipes import RECIPES
@@ -346,12 +347,45 @@ class AlgorithmConfig(_Section):
     cov_ratio: float = Field(2e-4, gt=0, le=1, description="Share of tokens Clip-Cov/KL-Cov act on (paper: 2e-4 / 2e-3).")
     cov_bounds: tuple[float, float] = Field((1.0, 5.0), description="Clip-Cov's covariance window (lower, upper).")
     kl_cov_coef: float = Field(1.0, ge=0, description="KL-Cov's penalty weight.")
+    off_policy: str = Field(
+        "none",
+        description="Off-policy correction of the samples' behaviour policy (the generator's "
+        "weights and numerics, maybe stale) against the proximal policy (the learner's weights at "
+        "the start of the update): a detached weight on each token's loss. 'none'; 'tis': "
+        "truncated importance sampling, min(ratio, tis_cap), per token or per sequence "
+        "(tis_level; Yao et al., 2025, 'Your Efficient RL Framework Secretly Brings You Off-Policy "
+        "RL Training'); 'icepop': masked importance sampling, tokens whose ratio leaves "
+        "icepop_band are dropped, the others weighted by it (Ling Team, 2025, IcePop); "
+        "'decoupled': AReaL's decoupled PPO, the clip against the proximal policy and the "
+        "objective weighted by pi_prox/pi_behav, truncated at decoupled_cap if set "
+        "(arXiv:2505.24298). All but 'none' cost one extra no-grad forward per step. Any "
+        "correction registered with reinforge.algorithms.register_off_policy is accepted.",
+    )
     tis_cap: float | None = Field(
         None, gt=0,
-        description="Truncated importance sampling: weight each token's loss by "
-        "min(exp(logp_learner - logp_sampler), tis_cap), correcting the generator/learner "
-        "mismatch (Yao et al., 2025, 'Your Efficient RL Framework Secretly Brings You Off-Policy "
-        "RL Training'; 2.0 is their value). Costs one extra no-grad forward per step.",
+        description="Cap C of truncated importance sampling (off_policy='tis'): each token's loss "
+        "is weighted by min(exp(logp_learner - logp_sampler), C), correcting the generator/learner "
+        "mismatch (Yao et al., 2025; 2.0 is their value). Setting it with off_policy='none' "
+        "selects 'tis' (the key predates off_policy).",
+    )
+    tis_level: Literal[TIS_LEVELS] = Field(
+        "token",
+        description="'token': one weight per token; 'sequence': one weight per completion, the "
+        "truncated likelihood ratio of the whole sequence, exp(sum of log-ratios) (Liu, Li et al., "
+        "2025, 'When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference "
+        "Mismatch'). For off_policy='tis'.",
+    )
+    icepop_band: tuple[float, float] = Field(
+        (0.5, 5.0),
+        description="(alpha, beta) of IcePop (off_policy='icepop'): tokens whose ratio "
+        "p_learner/p_sampler is outside [alpha, beta] get no gradient ('Small Leak Can Sink a Great "
+        "Ship: Boost RL Training on MoE with IcePop!', Ling Team, 2025; 0.5 and 5 are its values).",
+    )
+    decoupled_cap: float | None = Field(
+        None, gt=0,
+        description="Optional truncation of the behaviour weight pi_prox/pi_behav of AReaL's "
+        "decoupled PPO (off_policy='decoupled', Fu et al., 2025, arXiv:2505.24298); None: not "
+        "truncated.",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount of token rewards (gae, reinforce_pp).")
     lam: float = Field(1.0, ge=0, le=1, description="GAE's lambda (gae).")
@@ -386,6 +420,33 @@ class AlgorithmConfig(_Section):
     @classmethod
     def _registered_policy_loss(cls, v: str) -> str:
         return POLICY_LOSSES.check(v)
+
+    @field_validator("off_policy")
+    @classmethod
+    def _registered_off_policy(cls, v: str) -> str:
+        return OFF_POLICY_CORRECTIONS.check(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tis_cap_alone_selects_tis(cls, data):
+        # tis_cap alone selected truncated IS before off_policy existed
+        if isinstance(data, dict) and data.get("tis_cap") is not None and data.get("off_policy", "none") == "none":
+            data = {**data, "off_policy": "tis"}
+        return data
+
+    @model_validator(mode="after")
+    def _off_policy_options(self):
+        if self.off_policy == "tis" and self.tis_cap is None:
+            raise ValueError("algorithm.off_policy=tis needs algorithm.tis_cap, the truncation cap (Yao et al. "
+                             "use 2.0)")
+        if self.tis_cap is not None and self.off_policy != "tis":
+            raise ValueError(f"algorithm.tis_cap applies to off_policy=tis, not {self.off_policy!r}; unset it "
+                             "(tis_cap=null) or choose off_policy=tis")
+        low, high = self.icepop_band
+        if not 0 < low <= 1 <= high:
+            raise ValueError(f"algorithm.icepop_band must be (low, high) with 0 < low <= 1 <= high, got "
+                             f"{tuple(self.icepop_band)}")
+        return self
 
     @field_validator("scale_rewards", mode="before")
     @classmethod
@@ -465,7 +526,20 @@ class TrainerConfig(_Section):
         None, description="Evaluate on at most this many held-out prompts (None: all)."
     )
     checkpoint_every: int = Field(10, ge=0, description="Checkpoint every N steps (0: end only).")
-    keep_checkpoints: int = Field(1, ge=1, description="How many recent checkpoints to keep.")
+    keep_checkpoints: int = Field(
+        2, ge=1,
+        description="How many recent checkpoints to keep. Two by default, so that a resume finding "
+        "the newest one damaged (its recorded checksums do not match) falls back to the one before.",
+    )
+    stop_grace_s: float = Field(
+        20.0, ge=0,
+        description="After the first Ctrl-C or SIGTERM (what Slurm, Kubernetes and Ray send before "
+        "killing), the step under way may take this many seconds to finish; past them a step still "
+        "generating or scoring is abandoned (the run goes back to the state before it) and the "
+        "checkpoint is written. Keep it below your scheduler's kill timeout (Slurm's KillWait and "
+        "Kubernetes' terminationGracePeriodSeconds are 30 s by default) minus a checkpoint's write "
+        "time; a run killed anyway resumes from its previous checkpoint.",
+    )
     samples_to_log: int = Field(4, ge=0, description="Completions logged per step to samples.jsonl.")
     max_consecutive_nan: int = Field(
         3, ge=1, description="Stop the run after this many non-finite losses in a row."

@@ -76,13 +76,14 @@ _BASE = {
     "advantage": "grpo", "scale_rewards": "group", "policy_loss": "clipped",
     "clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip": None, "loss_agg": "token_mean",
     "kl_coef": 0.0, "kl_estimator": "k3", "kl_reward_coef": 0.0, "kl_reward_estimator": "k1",
-    "entropy_coef": 0.0, "cov_penalty": "none", "tis_cap": None, "epochs": 1, "mini_batches": 1,
+    "entropy_coef": 0.0, "cov_penalty": "none", "off_policy": "none", "tis_cap": None, "epochs": 1, "mini_batches": 1,
     "dynamic_sampling": False, "overlong_filter": False,
 }
 
 
 def _algo(**kw: Any) -> dict[str, Any]:
-    unknown = set(kw) - set(_BASE) - {"gamma", "lam", "passk_k", "cov_ratio", "cov_bounds", "kl_cov_coef"}
+    unknown = set(kw) - set(_BASE) - {"gamma", "lam", "passk_k", "cov_ratio", "cov_bounds", "kl_cov_coef",
+                                      "tis_level", "icepop_band", "decoupled_cap"}
     if unknown:  # a typo here would otherwise surface only when the recipe is used
         raise KeyError(f"recipe preset keys not in _BASE: {sorted(unknown)}")
     return {**_BASE, **kw}

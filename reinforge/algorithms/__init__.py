@@ -2,8 +2,9 @@
 terms and loss aggregation. Imports only torch, like verl's ``core_algos.py``: a recipe from a
 paper is a composition of these functions, and a new one is a small addition here.
 
-Advantage estimators and policy losses are registered by their config name, each with the
-:class:`Needs` it declares (``register_advantage``, ``register_policy_loss``); ``needs_of`` tells
+Advantage estimators, policy losses and off-policy corrections are registered by their config
+name, each with the :class:`Needs` it declares (``register_advantage``, ``register_policy_loss``,
+``register_off_policy``); ``needs_of`` tells
 the trainer and the memory guard what a whole ``algorithm`` config needs.
 """
 
@@ -58,11 +59,20 @@ from reinforge.algorithms.credit import (
     sum_form_credit,
 )
 from reinforge.algorithms.needs import needs_of
+from reinforge.algorithms.off_policy import (
+    OFF_POLICY_CORRECTIONS,
+    TIS_LEVELS,
+    Correction,
+    mismatch_stats,
+    off_policy_correction,
+    register_off_policy,
+)
 from reinforge.algorithms.registry import Needs, Registry
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "SCALE_MODES", "LOSS_AGG_MODES", "KL_ESTIMATORS", "K3_MAX", "POLICY_LOSSES",
-    "COV_PENALTIES",
+    "COV_PENALTIES", "OFF_POLICY_CORRECTIONS", "TIS_LEVELS", "Correction", "register_off_policy",
+    "off_policy_correction", "mismatch_stats",
     "Needs", "Registry", "needs_of", "register_advantage", "register_policy_loss",
     "AdvantageInputs", "Advantages", "compute_advantages", "scale_mode",
     "group_normalized_advantages", "leave_one_out_advantages",

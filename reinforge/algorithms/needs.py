@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from reinforge.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from reinforge.algorithms.losses import POLICY_LOSSES
+from reinforge.algorithms.off_policy import OFF_POLICY_CORRECTIONS
 from reinforge.algorithms.registry import Needs
 
 __all__ = ["needs_of"]
@@ -15,8 +16,9 @@ __all__ = ["needs_of"]
 
 def needs_of(algo) -> Needs:
     """The needs of an ``AlgorithmConfig`` (read by attribute, so ``algorithms`` stays free of the
-    config module): the declarations of its advantage estimator and policy loss, plus what its
-    other settings imply:
+    config module): the declarations of its advantage estimator, policy loss and off-policy
+    correction (every one but "none" reads the proximal log-probs), plus what its other settings
+    imply:
 
     - ``kl_coef > 0`` (KL in the loss) or ``kl_reward_coef > 0`` (KL in the reward): a reference.
     - rollout-time log-probs from a separate forward whenever the policy moves before a token is
@@ -25,7 +27,8 @@ def needs_of(algo) -> Needs:
       (``cov_penalty``), the KL in the reward (computed once per batch from them). Otherwise the
       single update's own forward gives them.
     """
-    declared = ADVANTAGE_ESTIMATORS.needs(algo.advantage) | POLICY_LOSSES.needs(algo.policy_loss)
+    declared = (ADVANTAGE_ESTIMATORS.needs(algo.advantage) | POLICY_LOSSES.needs(algo.policy_loss)
+                | OFF_POLICY_CORRECTIONS.needs(getattr(algo, "off_policy", "none")))
     return declared | Needs(
         reference=algo.kl_coef > 0 or algo.kl_reward_coef > 0,
         old_logprobs=(

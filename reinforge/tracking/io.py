@@ -8,11 +8,16 @@ Append-only logs (``*.jsonl``) get one JSON object per line, written in one ``wr
 fsync'ed. A crash in the middle of an append can leave at most a torn final line without its
 newline; :func:`read_jsonl` ignores such a line, and the next :func:`append_jsonl` cuts it off
 before writing, so the log stays readable line by line.
+
+A write that fails raises OSError with the file's name set (a failed ``write`` call alone does
+not name it), so a full disk is reported as "which file, on which device"; :func:`is_disk_full`
+recognises one however a library wrapped it.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import tempfile
@@ -20,6 +25,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 __all__ = [
+    "DiskFullError",
+    "is_disk_full",
     "atomic_write_text",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -29,6 +36,37 @@ __all__ = [
     "rewrite_jsonl",
     "to_jsonable",
 ]
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "file write failed")
+
+
+class DiskFullError(OSError):
+    """A write failed because its file system is full (or over quota). The message says what
+    filled up and what is still intact."""
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (or an exception it was raised from) is a full disk or an exceeded quota.
+    torch.save and safetensors wrap the OSError in their own RuntimeErrors, so their text counts
+    too ("file write failed" is torch's zip writer on ENOSPC)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _DISK_FULL:
+            return True
+        if any(t in str(err) for t in _DISK_FULL_TEXT):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _named(err: OSError, path: Path) -> OSError:
+    """``err`` with ``path`` as its file name (an OSError from ``write`` carries none)."""
+    if err.filename is None and err.errno is not None:
+        return OSError(err.errno, err.strerror, str(path))
+    return err
 
 
 def _current_umask() -> int:
@@ -76,11 +114,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         except OSError:
             pass
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         try:
             tmp.unlink()
         except FileNotFoundError:
             pass
+        if isinstance(err, OSError) and _named(err, path) is not err:
+            raise _named(err, path) from err
         raise
     _fsync_dir(directory)
     return path
@@ -172,12 +212,17 @@ def append_jsonl_many(path: str | os.PathLike, records: Iterable[Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     existed = path.exists()
-    with open(path, "a+b") as f:
-        # "a+b" always writes at the end; reading/truncating the torn tail first is still allowed.
-        _drop_torn_tail(f)
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a+b") as f:
+            # "a+b" always writes at the end; reading/truncating the torn tail first is still allowed.
+            _drop_torn_tail(f)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:  # a part-written line is a torn tail: the next append cuts it off
+        if _named(err, path) is err:
+            raise
+        raise _named(err, path) from err
     if not existed:
         _fsync_dir(path.parent)
 

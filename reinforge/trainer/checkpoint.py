@@ -1,12 +1,17 @@
 """Checkpoints: trainable weights, optimiser and scheduler, RNG states and data position.
 
 A checkpoint is a folder written under a temporary name and renamed into place, so a crash or
-Ctrl-C mid-write leaves the previous checkpoint as the latest complete one. Which checkpoints a
-run holds is answered in one place, :mod:`reinforge.tracking.checkpoints`.
+Ctrl-C mid-write leaves the previous checkpoint as the latest complete one. Its ``state.json``,
+written last, records the size and SHA-256 of every other file, which a resume verifies
+(:func:`reinforge.tracking.checkpoints.verify_checkpoint`). A write that fails (a full disk, an
+interrupt) removes the partial ``.tmp-step_*`` folder; a full disk is reported as a
+:class:`~reinforge.tracking.io.DiskFullError` saying what filled up and which checkpoint is intact.
+Which checkpoints a run holds is answered in one place, :mod:`reinforge.tracking.checkpoints`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -18,7 +23,15 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..tracking.checkpoints import CHECKPOINTS_DIR, COMPLETE_MARKER, checkpoint_name, list_checkpoints
+from ..tracking.checkpoints import (
+    CHECKPOINTS_DIR,
+    COMPLETE_MARKER,
+    DamagedCheckpointError,
+    checkpoint_name,
+    file_digest,
+    list_checkpoints,
+)
+from ..tracking.io import DiskFullError, is_disk_full
 
 
 def checkpoint_root(run_path: Path) -> Path:
@@ -52,22 +65,32 @@ def save_checkpoint(
     weights: dict[str, torch.Tensor],
     optimizer_state: dict[str, Any],
     trainer_state: dict[str, Any],
-    keep: int = 1,
+    keep: int = 2,
+    rng: dict[str, Any] | None = None,
 ) -> Path:
+    """Write the checkpoint of ``step`` (``rng`` defaults to the RNG states now) and keep the
+    ``keep`` newest. On a full disk the partial folder is removed and DiskFullError raised."""
     root = checkpoint_root(run_path)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     tmp = root / f".tmp-{checkpoint_name(step)}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "weights.safetensors"))
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    # state.json last: its presence marks the folder complete (tracking.checkpoints lists it).
-    (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, **trainer_state}, indent=1))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "weights.safetensors"))
+        _torch_save(optimizer_state, tmp / "optimizer.pt")
+        _torch_save(rng if rng is not None else rng_state(), tmp / "rng.pt")
+        files = {f.name: file_digest(f) for f in sorted(tmp.iterdir())}
+        # state.json last: its presence marks the folder complete (tracking.checkpoints lists it).
+        (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, **trainer_state, "files": files}, indent=1))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, Exception) and is_disk_full(err):
+            raise DiskFullError(errno.ENOSPC, _disk_full_message(run_path, root, final.name)) from err
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -76,12 +99,81 @@ def save_checkpoint(
     return final
 
 
+def _disk_full_message(run_path: Path, root: Path, name: str) -> str:
+    try:
+        free = f"{shutil.disk_usage(root).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    intact = list_checkpoints(run_path)
+    kept = (f"the previous checkpoint {intact[-1][1].name} is intact" if intact
+            else "no earlier checkpoint exists")
+    return (f"no space left on device writing checkpoint {name} in {root} ({free}); the partial folder was "
+            f"removed and {kept}: free space, then `reinforge train --resume {run_path}`")
+
+
+class _RecordingFile:
+    """A binary file that keeps the OSError of a failed write: torch.save reports one as its own
+    "unexpected pos" RuntimeError, losing the ENOSPC behind it."""
+
+    def __init__(self, path: Path):
+        self._f = open(path, "wb", buffering=0)
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        try:
+            while view:  # a short write (a full disk) is pushed on until it raises
+                view = view[self._f.write(view):]
+        except OSError as err:
+            self.error = err
+            raise
+        return len(memoryview(data).cast("B"))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    f = _RecordingFile(path)
+    try:
+        torch.save(obj, f)
+    except Exception as err:
+        if f.error is not None:
+            raise f.error from err
+        raise
+    finally:
+        f.close()
+
+
+def remove_partial_checkpoints(run_path: Path) -> list[str]:
+    """Remove the ``.tmp-step_*`` folders a killed process (SIGKILL, power loss) left mid-write;
+    returns their names. Only the run's writer may call it."""
+    root = checkpoint_root(run_path)
+    gone = sorted(p.name for p in root.glob(".tmp-*") if p.is_dir()) if root.is_dir() else []
+    for name in gone:
+        shutil.rmtree(root / name, ignore_errors=True)
+    return gone
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint's state, weights, optimiser and RNG states. A file that cannot be read
+    raises DamagedCheckpointError naming it (call ``verify_checkpoint`` first to check digests)."""
     path = Path(path)
-    state = json.loads((path / COMPLETE_MARKER).read_text())
+
+    def read(name: str, load):
+        try:
+            return load(path / name)
+        except Exception as err:
+            raise DamagedCheckpointError(
+                f"{path / name} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            ) from err
+
     return {
-        "state": state,
-        "weights": load_file(str(path / "weights.safetensors")),
-        "optimizer": torch.load(path / "optimizer.pt", weights_only=False),
-        "rng": torch.load(path / "rng.pt", weights_only=False),
+        "state": read(COMPLETE_MARKER, lambda p: json.loads(p.read_text())),
+        "weights": read("weights.safetensors", lambda p: load_file(str(p))),
+        "optimizer": read("optimizer.pt", lambda p: torch.load(p, weights_only=False)),
+        "rng": read("rng.pt", lambda p: torch.load(p, weights_only=False)),
     }

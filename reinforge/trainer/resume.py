@@ -18,6 +18,13 @@ the saved config and those overrides. Every changed key is one of three kinds:
 Keys not listed (new config options) are "segment": a change is never silently assumed harmless.
 A resume with no checkpoint starts over, so any change but the fixed directory keys is accepted.
 
+Which checkpoint a resume continues from is decided here too, before anything loads: the newest
+one whose files match the sizes and SHA-256 digests recorded in its ``state.json``
+(reinforge/tracking/checkpoints.py). A damaged newer one is named (which file, how) and skipped;
+the steps after the checkpoint used are dropped from the logs and trained again, exactly. With no
+intact checkpoint left, or a damaged line in the run's logs, the resume is refused with the fix
+(:class:`DamagedCheckpointError`): a run never silently starts over from step 0.
+
 The changes are printed before anything loads. Every accepted change is recorded, with the step it
 took effect, in the run directory's segments.json (reinforge/tracking/segments.py); config.yaml
 becomes the new config. ``recipe=NAME`` on a resume applies the recipe's preset over the saved
@@ -36,17 +43,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..config import ConfigError, RunConfig, deep_merge, parse_override, recipe_preset, set_dotted, validate_config
-from ..tracking import RunDir
-from ..tracking.checkpoints import list_checkpoints
+from ..tracking import RunDir, read_jsonl
+from ..tracking.checkpoints import DamagedCheckpointError, damaged_checkpoints, list_checkpoints, verify_checkpoint
 from ..tracking.segments import Change, Segment, config_changes, read_segments, record_resume
 
 __all__ = ["FREE_KEYS", "FIXED_KEYS", "ResumeRefused", "ResumePlan", "change_kind", "resume_config", "plan_resume",
-           "record_segment", "apply_optimizer_settings", "EVAL_KEYS"]
+           "record_segment", "apply_optimizer_settings", "EVAL_KEYS", "choose_checkpoint", "check_logs",
+           "DamagedCheckpointError"]
 
 # Keys (or sections, as prefixes) a resume may change freely.
 FREE_KEYS = (
     "trainer.steps", "trainer.eval_every", "trainer.eval_at_start", "trainer.checkpoint_every",
-    "trainer.keep_checkpoints", "trainer.samples_to_log", "trainer.max_consecutive_nan", "trainer.num_threads",
+    "trainer.keep_checkpoints", "trainer.stop_grace_s", "trainer.samples_to_log", "trainer.max_consecutive_nan",
+    "trainer.num_threads",
     "tracking.progress", "tracking.exporters", "tracking.wandb", "tracking.mlflow", "tracking.tensorboard",
     "tracking.trackio",
     # speed and memory: same algorithm, possibly other float rounding
@@ -118,6 +127,7 @@ class ResumePlan:
     checkpoint_step: int            # the step the run continues from (0: no checkpoint, starts over)
     changes: list[Change] = field(default_factory=list)
     new_segment: bool = False
+    checkpoint: Path | None = None  # the checkpoint folder it continues from (verified)
 
     def describe(self) -> str:
         where = (f"from the checkpoint of step {self.checkpoint_step}" if self.checkpoint_step
@@ -150,13 +160,18 @@ def plan_resume(run_dir: RunDir, config: RunConfig, *, new_segment: bool = False
     """Check ``config`` against the run's recorded config under the resume policy, before anything
     loads; print the changes to ``out`` (default: stderr). Raises ResumeRefused naming every
     refused key."""
+    out = out if out is not None else sys.stderr
     # Against the recorded history, not config.yaml alone: a hand edit of config.yaml is a change.
     saved = read_segments(run_dir)[-1].config
-    ckpts = list_checkpoints(run_dir.path)
-    step = ckpts[-1][0] if ckpts else 0
+    try:  # options added since the run was made read as their defaults, not as changes
+        saved = resume_config(saved, []).to_dict()
+    except ConfigError:
+        pass
+    check_logs(run_dir)
+    step, ckpt = choose_checkpoint(run_dir, out=out)
     changes = [Change(k, a, b, change_kind(k, a, b)) for k, a, b in config_changes(saved, config.to_dict())]
-    plan = ResumePlan(run_dir.path, step, changes, new_segment)
-    print(plan.describe(), file=out if out is not None else sys.stderr)
+    plan = ResumePlan(run_dir.path, step, changes, new_segment, ckpt)
+    print(plan.describe(), file=out)
     if step == 0:
         fixed = [c for c in changes if _under(c.key, _DIRECTORY_KEYS)]
         segment = []
@@ -176,6 +191,53 @@ def plan_resume(run_dir: RunDir, config: RunConfig, *, new_segment: bool = False
                          "treat the run accordingly)")
         raise ResumeRefused("\n".join(lines))
     return plan
+
+
+def choose_checkpoint(run_dir: RunDir, *, out: TextIO | None = None) -> tuple[int, Path | None]:
+    """(step, folder) of the newest checkpoint whose files match their recorded checksums, or
+    (0, None) when the run has none at all. Each damaged newer one is named on ``out``. Raises
+    DamagedCheckpointError, naming the damage and the fix, when checkpoints exist but none is
+    intact: the run is never silently started over."""
+    out = out if out is not None else sys.stderr
+    damaged = [(s, p, "its state.json is missing") for s, p in damaged_checkpoints(run_dir.path)]
+    chosen = None
+    for step, path in reversed(list_checkpoints(run_dir.path)):
+        check = verify_checkpoint(path)
+        if check.intact:
+            chosen = (step, path)
+            if not check.verified:
+                print(f"note: checkpoint {path.name} was written before checksums were recorded; its files are "
+                      "not verified", file=out)
+            break
+        damaged.append((step, path, check.problem))
+    newer = sorted((d for d in damaged if chosen is None or d[0] > chosen[0]), key=lambda d: -d[0])
+    if chosen is None and newer:
+        step, path, problem = newer[0]
+        raise DamagedCheckpointError(
+            f"cannot resume {run_dir.path}: checkpoint {path.name} is damaged ({problem}) and no intact earlier "
+            f"checkpoint is left (trainer.keep_checkpoints=2 or more keeps one); restore {path} from a copy, "
+            f"or start a new run from the same config: `reinforge train {run_dir.path / 'config.yaml'} "
+            "tracking.run_name=NEW_NAME`"
+        )
+    for step, path, problem in newer:
+        print(f"warning: checkpoint {path.name} is damaged ({problem}); resuming from the newest intact one, "
+              f"{chosen[1].name} (the steps after {chosen[0]} are trained again)", file=out)
+    return chosen if chosen is not None else (0, None)
+
+
+def check_logs(run_dir: RunDir) -> None:
+    """Refuse a resume, naming the file, line and fix, when one of the run's logs has a line that
+    is not JSON (a torn final line from a crash is not damage: it is dropped as usual)."""
+    from ..tracking.run_dir import EVALS_FILE, METRICS_FILE, SAMPLES_FILE
+
+    for name in (METRICS_FILE, EVALS_FILE, SAMPLES_FILE):
+        try:
+            read_jsonl(run_dir.path / name)
+        except ValueError as err:
+            raise DamagedCheckpointError(
+                f"cannot resume {run_dir.path}: {err}; the run's records are damaged there (the checkpoints are "
+                f"not affected): delete or repair that line of {name}, then resume"
+            ) from None
 
 
 def _record_kind(key: str) -> str:

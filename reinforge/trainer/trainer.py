@@ -15,12 +15,13 @@ is the one place that knows every part.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import errno
 import logging
 import os
 import random
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -32,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, needs_of, truncated_importance_weights
+from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, mismatch_stats, needs_of, off_policy_correction
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 from ..curriculum import build_curriculum
 from ..evaluation.guardrails import Guardrails
 from ..evaluation.runner import generate_and_score, greedy_heldout_eval
@@ -47,10 +48,20 @@ from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
 from ..tasks import Example, build_task, encode_prompt
 from ..tracking import RunDir
+from ..tracking.checkpoints import list_checkpoints
 from ..tracking.curves import plot_learning_curves
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from ..tracking.io import DiskFullError, is_disk_full
+from .checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    remove_partial_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .progress import Progress
-from .resume import apply_optimizer_settings, plan_resume, record_segment
+from .resume import ResumePlan, apply_optimizer_settings, plan_resume, record_segment
+from .stopping import StartupInterrupted, StepAbandoned, StopControl
 from .summary import write_run_summary
 
 log = logging.getLogger("reinforge")
@@ -135,6 +146,8 @@ class Trainer:
         # The SFT stage (config `sft:`) runs before RL and gives the weights RL starts from.
         self.init_model_path: Path | None = None
         self.sft_stop_after_step: int | None = None
+        self._plan: ResumePlan | None = None      # the resume's checked plan (its intact checkpoint)
+        self._stop = StopControl(config.trainer.stop_grace_s)
 
     # -- setup -------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -209,13 +222,16 @@ class Trainer:
             self._restore()
 
     def _restore(self) -> None:
-        ckpt = latest_checkpoint(self.run_dir.path)
+        # The plan chose the newest checkpoint whose checksums match (reinforge/trainer/resume.py).
+        ckpt = self._plan.checkpoint if self._plan is not None else latest_checkpoint(self.run_dir.path)
+        for name in remove_partial_checkpoints(self.run_dir.path):
+            log.info("removed %s, a checkpoint a killed process left half-written", name)
         if ckpt is None:
             log.warning("no checkpoint in %s: starting from step 0", self.run_dir.path)
             self.run_dir.truncate_after(0)
             record_segment(self.run_dir, self.cfg, 0)
             return
-        data = load_checkpoint(ckpt)
+        data = load_checkpoint(ckpt)  # DamagedCheckpointError names an unreadable file
         self.learner.load_state_dict({"weights": data["weights"], **data["optimizer"]})
         # The optimiser state brings back the saved rates: an accepted new lr must win over it.
         apply_optimizer_settings(self.learner, self.cfg)
@@ -232,15 +248,19 @@ class Trainer:
         record_segment(self.run_dir, self.cfg, self.start_step)  # segments.json, then config.yaml
         log.info("resumed %s from step %d", self.run_dir.path, self.start_step)
 
-    def _checkpoint(self, step: int) -> None:
+    def _checkpoint(self, step: int, start_of_next: tuple[dict, dict] | None = None) -> None:
+        """Checkpoint the state after ``step``. ``start_of_next``: the (RNG, curriculum) states
+        taken when the next step began, for a step that was abandoned after changing them."""
         state = self.learner.state_dict()
-        save_checkpoint(
-            self.run_dir.path, step,
-            weights=state.pop("weights"),
-            optimizer_state=state,
-            trainer_state={"sampler": self.curriculum.state_dict(), "nan_streak": self.nan_streak},
-            keep=self.cfg.trainer.keep_checkpoints,
-        )
+        rng, sampler = start_of_next if start_of_next is not None else (None, self.curriculum.state_dict())
+        with self._stop.critical():  # a second Ctrl-C/SIGTERM waits for the write to end
+            save_checkpoint(
+                self.run_dir.path, step,
+                weights=state.pop("weights"),
+                optimizer_state=state,
+                trainer_state={"sampler": sampler, "nan_streak": self.nan_streak},
+                keep=self.cfg.trainer.keep_checkpoints, rng=rng,
+            )
 
     def _encode(self, example) -> list[int]:
         ids = self._prompt_cache.get(example.id)
@@ -361,14 +381,13 @@ class Trainer:
         old_logprobs = self.learner.compute_logprobs(rollout) if needs.old_logprobs else None
         ref_logprobs = self.learner.compute_logprobs(rollout, reference=True) if needs.reference else None
         is_weights = None
-        if old_logprobs is not None:
-            is_weights, mismatch = truncated_importance_weights(
-                old_logprobs, rollout.sampler_logprobs, actions, algo.tis_cap or 1.0
+        if old_logprobs is not None:  # the proximal log-probs: off-policy correction (algorithms/off_policy.py)
+            correction = off_policy_correction(
+                algo.off_policy, old_logprobs, rollout.sampler_logprobs, actions, tis_cap=algo.tis_cap,
+                tis_level=algo.tis_level, icepop_band=tuple(algo.icepop_band), decoupled_cap=algo.decoupled_cap,
             )
-            info.update(mismatch)
-            if algo.tis_cap is None:
-                is_weights = None
-                info.pop("tis_truncated_frac")
+            is_weights = correction.weights
+            info.update(correction.stats)
         token_kl = None
         if algo.kl_reward_coef > 0:
             token_kl = kl_penalty(old_logprobs, ref_logprobs, actions, algo.kl_reward_estimator)
@@ -426,11 +445,8 @@ class Trainer:
         rollout = batch.rollout
         if batch.old_logprobs is None and self.generator.needs_sync and not critic_only and not stats["skipped"]:
             # One update on fresh samples: its forward pass gave the learner's log-probs.
-            _, mismatch = truncated_importance_weights(
-                self.learner.last_fresh_logprobs, rollout.sampler_logprobs, rollout.action_mask, 1.0
-            )
-            mismatch.pop("tis_truncated_frac")
-            stats.update(mismatch)
+            stats.update(mismatch_stats(self.learner.last_fresh_logprobs, rollout.sampler_logprobs,
+                                        rollout.action_mask))
         return stats
 
     def sync(self, step: int) -> None:
@@ -494,9 +510,10 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
-        scored = self.gather(timer)          # collect + score, as often as the curriculum asks
-        with timer("prepare"):
-            prepared = self.prepare(scored)
+        with self._stop.abandonable():       # past the stop grace period, undone (trainer/stopping.py)
+            scored = self.gather(timer)      # collect + score, as often as the curriculum asks
+            with timer("prepare"):
+                prepared = self.prepare(scored)
         with timer("update"):
             stats = self.update(prepared, step)
         with timer("sync"):
@@ -507,44 +524,85 @@ class Trainer:
         return metrics
 
     # -- the loop ----------------------------------------------------------------------------
-    def _on_sigint(self, signum, frame):  # pragma: no cover - exercised by the CLI test in a subprocess
-        if self._stop_requested:
-            raise KeyboardInterrupt
-        self._stop_requested = True
-        print("\nreinforge: stopping after this step and writing a checkpoint (Ctrl-C again to abort now)",
-              file=sys.stderr)
-
     def run(self) -> RunResult:
         """Train. The run directory's writer lock is held throughout: a second writer is refused
-        before anything loads, and a resume's config changes are checked and printed first."""
+        before anything loads, and a resume's config changes are checked and printed first.
+        Ctrl-C and SIGTERM stop the run as trainer/stopping.py says; whatever ends it, status.json
+        says how (finished, interrupted with the resume command, or failed with the reason)."""
         if self.run_dir is not None:
             self.run_dir.acquire_writer()  # a new run's directory is created with the lock held
         try:
-            if self._resume:
-                plan_resume(self.run_dir, self.cfg, new_segment=self._new_segment)
-            if self.cfg.sft is not None:  # the warm start before RL (reinforge/sft/stage.py)
-                from ..sft.stage import run_warm_start
+            with self._stop.installed():
+                try:
+                    if self._resume:
+                        self._plan = plan_resume(self.run_dir, self.cfg, new_segment=self._new_segment)
+                    if self.cfg.sft is not None:  # the warm start before RL (reinforge/sft/stage.py)
+                        from ..sft.stage import run_warm_start
 
-                self.init_model_path = run_warm_start(self)
-                if self.init_model_path is None:  # the SFT stage was interrupted
-                    return RunResult(self.run_dir.path, 0)
-            return self._run()
+                        self.init_model_path = run_warm_start(self)
+                        if self.init_model_path is None:  # the SFT stage was interrupted
+                            return RunResult(self.run_dir.path, 0)
+                    return self._run()
+                except StartupInterrupted as stop:
+                    self._startup_interrupted(stop)
+                except KeyboardInterrupt:  # a second signal after the last step (final model, summary)
+                    return self._interrupted(self.cfg.trainer.steps)
+                except Exception as err:
+                    reported = self._failed(err)
+                    if reported is err:
+                        raise
+                    raise reported from err
         finally:
             if self.run_dir is not None:
                 self.run_dir.release_writer()
+
+    def _interrupted(self, step: int) -> RunResult:
+        rd = self.run_dir
+        ckpts = list_checkpoints(rd.path)
+        since = f"the checkpoint of step {ckpts[-1][0]}" if ckpts else "step 0 (no checkpoint was written)"
+        rd.set_status("interrupted", step=step, resume=f"reinforge train --resume {rd.path}")
+        print(f"reinforge: interrupted at step {step}; a resume continues from {since}. Resume with: "
+              f"reinforge train --resume {rd.path}", file=sys.stderr)
+        return RunResult(rd.path, step)
+
+    def _startup_interrupted(self, stop: StartupInterrupted) -> None:
+        """A stop before the first step: nothing was trained; a run directory that exists (a
+        resume, or a new run created just before) is marked interrupted. Raises the stop on."""
+        rd = self.run_dir
+        if rd is not None and (rd.path / "config.yaml").is_file():
+            rd.set_status("interrupted", step=self._plan.checkpoint_step if self._plan is not None else 0,
+                          resume=f"reinforge train --resume {rd.path}")
+        raise stop
+
+    def _failed(self, err: Exception) -> Exception:
+        """Mark the run failed with the reason (never left at "running"); returns the exception to
+        raise: a full disk becomes a DiskFullError saying what filled up and what is intact."""
+        rd = self.run_dir
+        if is_disk_full(err) and not isinstance(err, DiskFullError):
+            ckpts = list_checkpoints(rd.path) if rd is not None else []
+            where = getattr(err, "filename", None) or "the run directory"
+            kept = f"the latest checkpoint {ckpts[-1][1].name} is intact" if ckpts else "no checkpoint was written yet"
+            err = DiskFullError(errno.ENOSPC, f"no space left on device writing {where}; {kept}: free space, then "
+                                    f"`reinforge train --resume {rd.path if rd else '...'}`")
+        # A refused command (a config change the resume policy rejects) leaves the run as it was.
+        refused = isinstance(err, ConfigError)
+        if (not refused and rd is not None and (rd.path / "config.yaml").is_file()
+                and rd.status().get("state") != "failed"):
+            try:
+                rd.set_status("failed", reason=f"{type(err).__name__}: {err}")
+            except OSError as status_err:  # e.g. the disk is still full
+                log.error("could not mark %s failed: %s", rd.path, status_err)
+        return err
 
     def _run(self) -> RunResult:
         self._setup()
         cfg = self.cfg
         rd = self.run_dir
         rd.set_status("running")
-        old_handler = None
-        try:
-            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
-        except ValueError:  # not in the main thread
-            pass
+        self._stop.steps_begin()  # from here a first Ctrl-C/SIGTERM stops after the step under way
         started = time.perf_counter()
         step = self.start_step
+        checkpointed = self.start_step if self._resume else 0
         last_eval: dict[str, float] = {}
         try:
             with Progress(total=cfg.trainer.steps, start=self.start_step, enabled=cfg.tracking.progress) as bar:
@@ -552,7 +610,20 @@ class Trainer:
                     last_eval = self.evaluate(0)
                     bar.update(self.start_step, eval=last_eval)
                 for step in range(self.start_step + 1, cfg.trainer.steps + 1):
-                    metrics = self.train_step(step)
+                    if self._stop.requested:  # came during the first evaluation: no step begun
+                        step -= 1
+                        raise StopRequested
+                    # What an abandoned step changed besides the weights, to put back (stopping.py).
+                    step_start = (rng_state(), copy.deepcopy(self.curriculum.state_dict()))
+                    try:
+                        metrics = self.train_step(step)
+                    except StepAbandoned:
+                        print(f"reinforge: step {step} was still running after the {cfg.trainer.stop_grace_s:g} s "
+                              "grace period: abandoned, it is redone on resume", file=sys.stderr)
+                        step -= 1
+                        if step > checkpointed:
+                            self._checkpoint(step, start_of_next=step_start)
+                        raise StopRequested from None
                     if step == self.stop_after_step:  # `reinforge reproduce` replaying a segment
                         self._stop_requested = True
                     if metrics["skipped"]:
@@ -572,25 +643,17 @@ class Trainer:
                     is_last = step == cfg.trainer.steps
                     if is_last or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0):
                         last_eval = self.evaluate(step)
-                    if is_last or self._stop_requested or (
+                    stopping = self._stop_requested or self._stop.requested
+                    if is_last or stopping or (
                         cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0
                     ):
                         self._checkpoint(step)
+                        checkpointed = step
                     bar.update(step, metrics=metrics, eval=last_eval)
-                    if self._stop_requested and not is_last:
+                    if stopping and not is_last:
                         raise StopRequested
         except (KeyboardInterrupt, StopRequested):
-            rd.set_status("interrupted", step=step,
-                          resume=f"reinforge train --resume {rd.path}")
-            print(f"reinforge: interrupted. Resume with: reinforge train --resume {rd.path}", file=sys.stderr)
-            return RunResult(rd.path, step)
-        except Exception as err:
-            if rd.status().get("state") != "failed":
-                rd.set_status("failed", reason=f"{type(err).__name__}: {err}", step=step)
-            raise
-        finally:
-            if old_handler is not None:
-                signal.signal(signal.SIGINT, old_handler)
+            return self._interrupted(step)
         self._save_final_model()
         summary = write_run_summary(rd, recipe=cfg.recipe, task_name=self.task.name, model_path=cfg.model.path,
                                     seed=cfg.trainer.seed, wall_time=time.perf_counter() - started)

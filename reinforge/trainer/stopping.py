@@ -1,0 +1,157 @@
+"""Stopping a run on Ctrl-C or SIGTERM without losing it.
+
+Clusters stop jobs with SIGTERM and a kill timeout (Slurm, Kubernetes and Ray send SIGTERM, then
+SIGKILL 30 s later by default); a person stops one with Ctrl-C. Both are handled alike:
+
+- **during start-up** (config, model load, restore): the first signal stops at once with one
+  line; nothing was trained, the status says "interrupted".
+- **first signal in a step**: the step goes on; once it is done, its checkpoint is written and the
+  status says "interrupted" with the resume command. If the step is still generating or scoring
+  after ``trainer.stop_grace_s`` seconds, it is *abandoned*: nothing it changed survives (the
+  learner's weights are untouched until the update, and the RNG and curriculum states are put
+  back as they were when it began), so the checkpoint written is that of the step before and a
+  resume repeats the abandoned step exactly. Once the update has started the step is finished
+  instead: an update is short, and a half-applied one cannot be undone.
+- **second signal**: stops at once (KeyboardInterrupt), except while a checkpoint is being
+  written, which is finished first: the previous complete checkpoint stays the latest either way.
+
+The controller only sets flags and raises exceptions from the signal handler; the trainer marks
+where a step may be abandoned (:meth:`StopControl.abandonable`) and where it must not be
+interrupted (:meth:`StopControl.critical`).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["StopControl", "StepAbandoned", "StartupInterrupted", "STOP_SIGNALS"]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StepAbandoned(BaseException):
+    """The grace period ran out while the step was still generating or scoring. A BaseException,
+    like KeyboardInterrupt, so that the reward side's ``except Exception`` (a failing verifier
+    scores 0 and the run goes on) does not take it for a reward error."""
+
+
+class StartupInterrupted(KeyboardInterrupt):
+    """A stop signal arrived before the first step began (imports, model load, restore)."""
+
+
+class StopControl:
+    """Signal handling of one run (see the module docstring). ``grace_s``: how long the step
+    under way may take after the first signal before it is abandoned."""
+
+    def __init__(self, grace_s: float, *, out=None):
+        self.grace_s = float(grace_s)
+        self.requested = False          # a first signal came: stop after this step
+        self.signal_name: str | None = None
+        self._out = out
+        self._phase = "startup"         # startup | step | abandonable | critical
+        self._grace_over = False
+        self._abort_after_critical = False
+        self._timer: threading.Timer | None = None
+        self._timer_fired = threading.Event()  # set by the grace timer just before its wake-up signal
+        self._saved: dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    # -- installation --------------------------------------------------------------------------
+    @contextmanager
+    def installed(self) -> Iterator["StopControl"]:
+        """Handle SIGINT and SIGTERM inside the block (a no-op outside the main thread, where
+        Python cannot install handlers)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._saved[sig] = signal.signal(sig, self._on_signal)
+        try:
+            yield self
+        finally:
+            with self._lock:  # the grace timer never fires into a restored handler
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                for sig, old in self._saved.items():
+                    signal.signal(sig, old)
+                self._saved.clear()
+
+    # -- phases --------------------------------------------------------------------------------
+    def steps_begin(self) -> None:
+        """Start-up is over: from now on a first signal stops after the step under way."""
+        self._phase = "step"
+
+    @contextmanager
+    def abandonable(self) -> Iterator[None]:
+        """The block changes nothing the step's start state cannot restore (collect, score,
+        prepare): past the grace period it is abandoned with StepAbandoned."""
+        if self.requested and self._grace_over:
+            raise StepAbandoned
+        self._phase = "abandonable"
+        try:
+            yield
+        finally:
+            self._phase = "step"
+
+    @contextmanager
+    def critical(self) -> Iterator[None]:
+        """The block (a checkpoint write) is finished even if a second signal comes; the stop
+        then happens when it ends."""
+        previous, self._phase = self._phase, "critical"
+        try:
+            yield
+        finally:
+            self._phase = previous
+            if self._abort_after_critical:
+                self._abort_after_critical = False
+                raise KeyboardInterrupt
+
+    # -- the handler ---------------------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        print(f"\nreinforge: {text}", file=self._out if self._out is not None else sys.stderr, flush=True)
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self._grace_over and signum == signal.SIGTERM and self._timer_fired.is_set():
+            self._timer_fired.clear()  # the grace timer's own wake-up, not a second signal
+            if self._phase == "abandonable":
+                raise StepAbandoned
+            return  # the update is under way: the step finishes, then the run stops
+        if self._phase == "startup":
+            self.requested, self.signal_name = True, name
+            raise StartupInterrupted(name)
+        if self.requested:
+            if self._phase == "critical":
+                self._abort_after_critical = True
+                self._say(f"{name} again: stopping as soon as the checkpoint being written is complete")
+                return
+            raise KeyboardInterrupt
+        self.requested, self.signal_name = True, name
+        again = "Ctrl-C" if signum == signal.SIGINT else name
+        if self.grace_s > 0:
+            self._say(f"{name}: stopping after this step and writing a checkpoint (a step still generating "
+                      f"after {self.grace_s:g} s is abandoned; {again} again stops at once)")
+            self._start_timer()
+        else:
+            self._say(f"{name}: stopping and writing a checkpoint ({again} again stops at once)")
+            self._grace_over = True
+            if self._phase == "abandonable":
+                raise StepAbandoned
+
+    def _start_timer(self) -> None:
+        def expire() -> None:
+            with self._lock:
+                if not self._saved:  # the handlers are gone: the run is over
+                    return
+                self._grace_over = True
+                self._timer_fired.set()
+                # A real signal, so that a main thread blocked in a wait wakes up (EINTR) and
+                # runs the handler; the lock keeps the handlers installed until it is sent.
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+        self._timer = threading.Timer(self.grace_s, expire)
+        self._timer.daemon = True
+        self._timer.start()
