@@ -43,6 +43,7 @@ from ..learner.memory import check_memory
 from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
 from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
+from ..rollout.seeding import seeded_sampling
 from ..tasks import Example, build_task, encode_prompt
 from ..tracking import RunDir
 from ..tracking.curves import plot_learning_curves
@@ -192,6 +193,13 @@ class Trainer:
         self.nan_streak = 0
         if self.run_dir is None:
             self.run_dir = RunDir.create(cfg, name=cfg.tracking.run_name)
+        # Where a step's scored groups come from: this process (``gather``), or rollout workers
+        # elsewhere (scale.mode=ray: reinforge/scale/), which get the weights through ``sync``.
+        self.source = None
+        if cfg.scale.mode == "ray":
+            from ..scale import build_experience_source
+
+            self.source = build_experience_source(self)
         if self._resume:
             self._restore()
 
@@ -244,10 +252,13 @@ class Trainer:
         return summary
 
     # -- the phases of one step --------------------------------------------------------------
-    def collect(self, indices: list[int]) -> Collected:
-        """Sample ``rollout.num_samples`` trajectories for each training example in ``indices``."""
+    def collect(self, indices: list[int], key: tuple[int, int] = (0, 0)) -> Collected:
+        """Sample ``rollout.num_samples`` trajectories for each training example in ``indices``,
+        under the seed of ``key`` = (step, round) (rollout/seeding.py: a Ray worker sampling the
+        same request draws the same tokens)."""
         examples = [self.train_examples[i] for i in indices]
-        rollout = self.generator.generate([self._encode(e) for e in examples], self.sampling)
+        with seeded_sampling(self.cfg.trainer.seed, *key):
+            rollout = self.generator.generate([self._encode(e) for e in examples], self.sampling)
         return Collected(rollout, examples, indices)
 
     def score(self, collected: Collected) -> Scores:
@@ -256,7 +267,7 @@ class Trainer:
         rows = [collected.examples[int(g)] for g in collected.rollout.group_index]
         return self.reward_fn.score(collected.rollout, rows)
 
-    def gather(self, timer: PhaseTimer) -> Scored:
+    def gather(self, timer: PhaseTimer, step: int = 0) -> Scored:
         """Rounds of collect and score until the curriculum has ``prompts_per_step`` groups it
         keeps, or its round limit is reached (then the last round is used whole, if nothing was
         kept)."""
@@ -268,7 +279,7 @@ class Trainer:
         while n_kept < need and rounds < cur.max_rounds:
             rounds += 1
             with timer("collect"):
-                collected = self.collect(cur.sample(need))
+                collected = self.collect(cur.sample(need), key=(step, rounds))
             with timer("score"):
                 scores = self.score(collected)
             rollout = collected.rollout
@@ -366,7 +377,8 @@ class Trainer:
         # The NaN guard counts a step as skipped if any of its updates was.
         stats["skipped"] = max(u["skipped"] for u in updates) if "skipped" in stats else 0.0
         rollout = batch.rollout
-        if batch.old_logprobs is None and self.generator.needs_sync and not critic_only and not stats["skipped"]:
+        sampler_has_own_weights = self.generator.needs_sync or self.source is not None
+        if batch.old_logprobs is None and sampler_has_own_weights and not critic_only and not stats["skipped"]:
             # One update on fresh samples: its forward pass gave the learner's log-probs.
             _, mismatch = truncated_importance_weights(
                 self.learner.last_fresh_logprobs, rollout.sampler_logprobs, rollout.action_mask, 1.0
@@ -378,14 +390,17 @@ class Trainer:
     def sync(self, step: int) -> None:
         """Give the generator the weights after ``step`` (every ``rollout.sync_every`` steps for a
         generator with its own copy; one that samples from the live model is always current)."""
-        if not self.generator.needs_sync or step % self.cfg.rollout.sync_every == 0:
+        has_own_weights = self.generator.needs_sync or self.source is not None
+        if not has_own_weights or step % self.cfg.rollout.sync_every == 0:
             self._sync_generator(step)
 
     def _sync_generator(self, version: int) -> None:
         # A generator without its own copy samples from the learner's live module: it only
         # records the version, so the weights are not copied for it.
-        state = self.learner.policy_state_dict() if self.generator.needs_sync else {}
+        state = self.learner.policy_state_dict() if self.generator.needs_sync or self.source is not None else {}
         self.generator.sync_weights(state, version)
+        if self.source is not None:  # rollout workers: through Ray's object store
+            self.source.publish(state, version)
 
     def log(self, step: int, scored: Scored, prepared: Prepared, stats: dict[str, float], timer: PhaseTimer) -> dict[str, float]:
         """The step's metrics, and its first ``trainer.samples_to_log`` samples into the run."""
@@ -434,7 +449,10 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
-        scored = self.gather(timer)          # collect + score, as often as the curriculum asks
+        if self.source is not None:          # rollout workers elsewhere: streamed, scored there
+            scored = self.source.gather(step, timer)
+        else:                                # collect + score, as often as the curriculum asks
+            scored = self.gather(timer, step)
         with timer("prepare"):
             prepared = self.prepare(scored)
         with timer("update"):
@@ -464,6 +482,8 @@ class Trainer:
                 plan_resume(self.run_dir, self.cfg, new_segment=self._new_segment)
             return self._run()
         finally:
+            if getattr(self, "source", None) is not None:
+                self.source.close()
             if self.run_dir is not None:
                 self.run_dir.release_writer()
 
