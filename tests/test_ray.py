@@ -84,18 +84,23 @@ def test_synchronous_ray_equals_local_step_by_step(tmp_path, tiny_model_dir, ray
     assert samples_a == samples_b
 
 
-def test_async_runs_ahead_within_the_bound(tmp_path, tiny_model_dir, ray_cluster):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_two_workers_stay_within_the_bound(tmp_path, tiny_model_dir, ray_cluster, staleness):
     res = Trainer(_config(tmp_path, tiny_model_dir, "scale.mode=ray", "scale.rollout_workers=2",
-                          "scale.worker_threads=1", "algorithm.max_staleness=1", "trainer.steps=4")).run()
+                          "scale.worker_threads=1", f"algorithm.max_staleness={staleness}", "trainer.steps=4")).run()
     metrics = RunDir.open(res.run_dir).read_metrics()
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    assert all(m["staleness_max"] <= 1 for m in metrics)
+    assert all(m["staleness_max"] <= staleness for m in metrics)
     stats = json.loads((res.run_dir / "scale.json").read_text())
     hist = {int(k): v for k, v in stats["staleness_histogram"].items()}
-    assert sum(hist.values()) == 4 * 4 * 4 and set(hist) <= {0, 1}
-    # rollouts for step s+1 were issued before step s's update: some samples are one version old
-    assert hist.get(1, 0) > 0
+    assert sum(hist.values()) == 4 * 4 * 4 and set(hist) <= set(range(staleness + 1))
     assert len(stats["workers"]) == 2 and all(w["busy_s"] > 0 for w in stats["workers"])
+    if staleness == 0:
+        # each step is split over the two workers, and nothing is generated that is not trained on
+        assert stats["stale_dropped_groups"] == 0 and all(m["stale_dropped_groups"] == 0 for m in metrics)
+    else:
+        # rollouts for step s+1 were issued before step s's update: some samples are one version old
+        assert hist.get(1, 0) > 0
 
 
 def test_killed_worker_is_restarted_and_no_sample_is_lost_or_repeated(tmp_path, tiny_model_dir, ray_cluster):

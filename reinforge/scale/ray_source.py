@@ -141,6 +141,11 @@ class RayExperienceSource:
         self._learner_busy_s = 0.0
         self._last_gather_end: float | None = None
         self._info: dict[str, float] = {}
+        self._taken_now = 0  # groups the step being gathered has taken (they still use its budget)
+        # A worker decoding with a bf16 copy gets bf16 weights: half the bytes through the object
+        # store, and the same values (its copy rounds fp32 to bf16 on load either way).
+        self._ship_dtype = (torch.bfloat16 if cfg.rollout.backend == "hf"
+                            and cfg.rollout.resolved_hf_bf16_copy(cfg.model.dtype) else None)
         for w in self.workers:
             self._start(w)
         # Nothing is requested before the first gather: a resume restores the curriculum first.
@@ -170,6 +175,8 @@ class RayExperienceSource:
         """Put the weights into the object store once and send every worker a reference; then
         (``issue``) send the requests the new version's staleness budget allows."""
         t0 = time.perf_counter()
+        if self._ship_dtype is not None:
+            state = {k: v.to(self._ship_dtype) if v.is_floating_point() else v for k, v in state.items()}
         self._weights_ref = self.ray.put(state)
         self.version = int(version)
         # Version v exists only once v steps were gathered (a resume publishes its checkpoint's).
@@ -182,7 +189,9 @@ class RayExperienceSource:
 
     # -- requests ----------------------------------------------------------------------------
     def _outstanding_groups(self) -> int:
-        return sum(len(r.indices) for _, r in self._refs.values()) + sum(c.groups for c in self.queue)
+        """Groups in flight, queued, or already taken by the step being gathered."""
+        return (sum(len(r.indices) for _, r in self._refs.values()) + sum(c.groups for c in self.queue)
+                + self._taken_now)
 
     def _top_up(self) -> None:
         budget = (self.version + 1 + self.max_staleness - self.steps_taken) * self.prompts_per_step
@@ -254,6 +263,7 @@ class RayExperienceSource:
                         self.queue.appendleft(rest)
                     taken.append(chunk)
                     n_kept += chunk.groups
+                    self._taken_now = n_kept
                 # A round is prompts_per_step prompts of fresh results, however many requests.
                 if n_kept >= need or prompts_arrived // need >= cur.max_rounds:
                     break
@@ -277,7 +287,7 @@ class RayExperienceSource:
                     part = rollout.select(rows)
                     self.queue.append(_Chunk(part, [req.examples[int(g)] for g in good],
                                              scores.select(rows, part.completion_ids.shape[1]), version))
-            self.steps_taken = step
+            self.steps_taken, self._taken_now = step, 0
             self._top_up()  # with K >= 1 the workers go on with the next step while the learner trains
         rounds = prompts_arrived // need
         if not taken:
