@@ -24,6 +24,7 @@ after each update. Between the two, this class keeps the workers busy:
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
@@ -76,6 +77,7 @@ class _Chunk:
     examples: list[Example]
     scores: Scores
     version: int
+    request_id: int
 
     @property
     def groups(self) -> int:
@@ -87,7 +89,7 @@ class _Chunk:
             rows = torch.isin(self.rollout.group_index, torch.tensor(list(groups))).nonzero().squeeze(1)
             r = self.rollout.select(rows)
             return _Chunk(r, [self.examples[g] for g in groups], self.scores.select(rows, r.completion_ids.shape[1]),
-                          self.version)
+                          self.version, self.request_id)
         return part(range(k)), part(range(k, self.groups))
 
 
@@ -135,6 +137,7 @@ class RayExperienceSource:
         self.completed: list[int] = []          # request ids taken, in order (tests check the ledger)
         self.issued: list[int] = []
         self.requests: dict[int, RolloutRequest] = {}  # by id, for the ledger
+        self._state_before: dict[int, Any] = {}  # request id -> the curriculum's state before it
         self.staleness_counts: Counter[int] = Counter()
         self.stale_dropped = 0
         self._started = time.time()
@@ -198,6 +201,7 @@ class RayExperienceSource:
         while self._outstanding_groups() < budget:
             slot = self.steps_taken + 1 + self._outstanding_groups() // self.prompts_per_step
             self._rounds[slot] += 1
+            state_before = copy.deepcopy(self.curriculum.state_dict())
             indices = self.curriculum.sample(self.request_size)
             examples = [self.examples[i] for i in indices]
             req = RolloutRequest(self._next_id, (slot, self._rounds[slot]), [self.encode(e) for e in examples],
@@ -207,6 +211,7 @@ class RayExperienceSource:
             w.inflight[req.id] = req
             self.issued.append(req.id)
             self.requests[req.id] = req
+            self._state_before[req.id] = state_before
             self._refs[w.handle.rollout.remote(req)] = (w, req)
 
     def _next_result(self) -> RolloutResult:
@@ -273,7 +278,7 @@ class RayExperienceSource:
                 rollout, scores = result.rollout, result.scores
                 cur.observe(req.indices, scores.rewards, rollout.group_index)
                 version = int(rollout.versions.min()) if len(rollout) else self.version
-                whole = _Chunk(rollout, req.examples, scores, version)
+                whole = _Chunk(rollout, req.examples, scores, version, req.id)
                 if learner_version - version > self.max_staleness:
                     dropped += whole.groups
                     continue
@@ -286,7 +291,7 @@ class RayExperienceSource:
                     rows = torch.isin(rollout.group_index, good).nonzero().squeeze(1)
                     part = rollout.select(rows)
                     self.queue.append(_Chunk(part, [req.examples[int(g)] for g in good],
-                                             scores.select(rows, part.completion_ids.shape[1]), version))
+                                             scores.select(rows, part.completion_ids.shape[1]), version, req.id))
             self.steps_taken, self._taken_now = step, 0
             self._top_up()  # with K >= 1 the workers go on with the next step while the learner trains
         rounds = prompts_arrived // need
@@ -326,6 +331,20 @@ class RayExperienceSource:
         self._info = info  # the trainer logs this dict after its sync phase
         self._write_stats()
         return Scored(rollout, examples, scores, info=info)
+
+    def curriculum_state(self) -> Any:
+        """The curriculum's state to checkpoint: as it was before the oldest request whose groups
+        the next steps may still train on (in flight, or queued and fresh enough), so a resume
+        samples those prompts again instead of skipping them; requests already trained on or
+        dropped are behind it."""
+        live = [r.id for w in self.workers for r in w.inflight.values()]
+        live += [c.request_id for c in self.queue if self.steps_taken - c.version <= self.max_staleness]
+        if not live:
+            return self.curriculum.state_dict()
+        oldest = min(live)
+        for rid in [i for i in self._state_before if i < oldest]:
+            del self._state_before[rid]
+        return self._state_before[oldest]
 
     def _write_stats(self) -> None:
         if self.run_path is None:

@@ -231,9 +231,13 @@ class Trainer:
             self.run_dir.path, step,
             weights=state.pop("weights"),
             optimizer_state=state,
-            trainer_state={"sampler": self.curriculum.state_dict(), "nan_streak": self.nan_streak},
+            trainer_state={"sampler": self._curriculum_state(), "nan_streak": self.nan_streak},
             keep=self.cfg.trainer.keep_checkpoints,
         )
+
+    def _curriculum_state(self):
+        # Rollout workers sample ahead: their source knows the state before what is not yet trained.
+        return self.source.curriculum_state() if self.source is not None else self.curriculum.state_dict()
 
     def _encode(self, example) -> list[int]:
         ids = self._prompt_cache.get(example.id)
