@@ -116,8 +116,9 @@ def test_two_workers_stay_within_the_bound(tmp_path, tiny_model_dir, ray_cluster
         assert all(w["busy_s"] > 0 for w in stats["workers"])
         assert stats["stale_dropped_groups"] == 0 and all(m["stale_dropped_groups"] == 0 for m in metrics)
     else:
-        # rollouts for step s+1 were issued before step s's update: some samples are one version old
-        assert hist.get(1, 0) > 0
+        # step 2's rollouts were sampled before step 1's update: trained one version old, or
+        # (a slow worker's) dropped as too old at step 3, and counted
+        assert hist.get(1, 0) > 0 or stats["stale_dropped_groups"] > 0
 
 
 def test_killed_worker_is_restarted_and_no_sample_is_lost_or_repeated(tmp_path, tiny_model_dir, ray_cluster):
@@ -151,7 +152,7 @@ def test_killed_worker_is_restarted_and_no_sample_is_lost_or_repeated(tmp_path, 
         assert [len(s.rollout) for s in steps] == [16, 16, 16]
         # every group of every result is accounted for once: trained, dropped as too stale
         # (counted), or still queued for the next step
-        arrived = sum(len(source.requests[i].indices) for i in source.completed)
+        arrived = sum(source.request_groups[i] for i in source.completed)
         trained = sum(s.rollout.num_groups for s in steps)
         dropped = sum(s.info["stale_dropped_groups"] for s in steps)
         assert trained + dropped + sum(c.groups for c in source.queue) == arrived

@@ -42,6 +42,7 @@ from ..tasks import Example
 from ..tracking.io import atomic_write_json
 from .worker import RolloutRequest, RolloutResult, RolloutWorker
 
+MAX_RESTARTS = 3  # per worker, per run
 RAY_MISSING = "scale.mode=ray needs Ray, which is not installed: pip install 'reinforge[ray]'"
 
 
@@ -100,6 +101,7 @@ class _WorkerSlot:
         self.inflight: dict[int, RolloutRequest] = {}  # request id -> request
         self.busy_s = 0.0
         self.restarts = 0
+        self.weight_refs: list[Any] = []  # set_weights calls not yet checked
 
 
 class RayExperienceSource:
@@ -136,7 +138,7 @@ class RayExperienceSource:
         self._weights_ref = None
         self.completed: list[int] = []          # request ids taken, in order (tests check the ledger)
         self.issued: list[int] = []
-        self.requests: dict[int, RolloutRequest] = {}  # by id, for the ledger
+        self.request_groups: dict[int, int] = {}  # request id -> its prompts (groups), for the ledger
         self._state_before: dict[int, Any] = {}  # request id -> the curriculum's state before it
         self.staleness_counts: Counter[int] = Counter()
         self.stale_dropped = 0
@@ -151,18 +153,24 @@ class RayExperienceSource:
                             and cfg.rollout.resolved_hf_bf16_copy(cfg.model.dtype) else None)
         for w in self.workers:
             self._start(w)
+        # Wait until every worker has loaded: one that cannot start fails here, with its error.
+        self.worker_pids()
         # Nothing is requested before the first gather: a resume restores the curriculum first.
         self.publish(weights, version, issue=False)
 
     # -- workers -----------------------------------------------------------------------------
     def _start(self, w: _WorkerSlot) -> None:
         w.handle = self._actor.remote(self._config, w.index, self._threads, list(sys.path))
+        w.weight_refs = []
         if self._weights_ref is not None:
-            w.handle.set_weights.remote(self._weights_ref, self.version)
+            w.weight_refs.append(w.handle.set_weights.remote(self._weights_ref, self.version))
 
-    def _restart(self, w: _WorkerSlot) -> None:
+    def _restart(self, w: _WorkerSlot, err: Exception) -> None:
         """Start a dead worker again with the current weights and send it its unfinished requests
-        again (same ids and keys)."""
+        again (same ids and keys). A worker that keeps dying (a bad config, no memory) stops the
+        run with its error instead of being restarted for ever."""
+        if w.restarts >= MAX_RESTARTS:
+            raise RuntimeError(f"rollout worker {w.index} died {w.restarts + 1} times; the last time: {err}") from err
         w.restarts += 1
         for ref in [r for r, (slot, _) in self._refs.items() if slot is w]:
             del self._refs[ref]
@@ -185,7 +193,7 @@ class RayExperienceSource:
         # Version v exists only once v steps were gathered (a resume publishes its checkpoint's).
         self.steps_taken = max(self.steps_taken, self.version)
         for w in self.workers:
-            w.handle.set_weights.remote(self._weights_ref, self.version)
+            w.weight_refs.append(w.handle.set_weights.remote(self._weights_ref, self.version))
         self._info["weight_sync_s"] = time.perf_counter() - t0
         if issue:
             self._top_up()
@@ -210,7 +218,7 @@ class RayExperienceSource:
             w = min(self.workers, key=lambda s: len(s.inflight))
             w.inflight[req.id] = req
             self.issued.append(req.id)
-            self.requests[req.id] = req
+            self.request_groups[req.id] = len(indices)
             self._state_before[req.id] = state_before
             self._refs[w.handle.rollout.remote(req)] = (w, req)
 
@@ -225,9 +233,14 @@ class RayExperienceSource:
             w, req = self._refs[ref]
             try:
                 result: RolloutResult = self.ray.get(ref)
-            except self.ray.exceptions.RayActorError:
-                self._restart(w)
+            except self.ray.exceptions.RayActorError as err:
+                self._restart(w, err)
                 continue
+            # A weight load that failed would leave the worker sampling an old version for ever
+            # (every group then too stale): its error is raised here.
+            done, w.weight_refs = self.ray.wait(w.weight_refs, num_returns=len(w.weight_refs), timeout=0) \
+                if w.weight_refs else ([], [])
+            self.ray.get(done)
             del self._refs[ref]
             del w.inflight[req.id]
             w.busy_s += result.finished - result.started
