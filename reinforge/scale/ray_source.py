@@ -155,6 +155,7 @@ class RayExperienceSource:
             self._start(w)
         # Wait until every worker has loaded: one that cannot start fails here, with its error.
         self.worker_pids()
+        self._started = time.time()  # busy fractions are of the time after start-up
         # Nothing is requested before the first gather: a resume restores the curriculum first.
         self.publish(weights, version, issue=False)
 
