@@ -122,7 +122,6 @@ def test_two_workers_stay_within_the_bound(tmp_path, tiny_model_dir, ray_cluster
 
 
 def test_killed_worker_is_restarted_and_no_sample_is_lost_or_repeated(tmp_path, tiny_model_dir, ray_cluster):
-    from reinforge.scale import build_experience_source
     from reinforge.trainer.trainer import PhaseTimer
 
     cfg = _config(tmp_path, tiny_model_dir, "scale.mode=ray", "scale.rollout_workers=2",
