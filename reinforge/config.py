@@ -410,6 +410,13 @@ class AlgorithmConfig(_Section):
         description="DAPO's overlong filtering: truncated completions (no stop token within "
         "max_new_tokens) are left out of the loss.",
     )
+    max_staleness: int = Field(
+        0, ge=0,
+        description="Asynchronous RL with bounded staleness (AReaL, arXiv:2505.24298; PipelineRL, "
+        "arXiv:2509.19128): rollout workers may sample up to K policy versions behind the learner "
+        "(0: synchronous, every sample comes from the weights being trained). A group older than K "
+        "is dropped and counted (stale_dropped_groups), never trained on. Needs scale.mode=ray.",
+    )
 
     @field_validator("advantage")
     @classmethod
@@ -740,6 +747,31 @@ class SFTConfig(_Section):
         return rounds * self.steps
 
 
+class ScaleConfig(_Section):
+    """Where the parts run (docs/scaling.md). ``local``: one process. ``ray``: rollout workers
+    (a generator and the reward function each) are Ray actors that get the policy's weights
+    through Ray's object store; the learner stays in the driver. Needs ``pip install
+    reinforge[ray]``."""
+
+    mode: Literal["local", "ray"] = Field("local", description="local: one process; ray: rollout workers as Ray actors.")
+    rollout_workers: int = Field(1, ge=1, description="scale.mode=ray: number of rollout worker actors.")
+    ray_address: str | None = Field(
+        None,
+        description="scale.mode=ray: address of an existing Ray cluster ('auto', or host:port of "
+        "`ray start --head`); null: start a local cluster with scale.num_cpus CPUs.",
+    )
+    num_cpus: int | None = Field(
+        None, gt=0, description="CPUs of the local Ray cluster reinforge starts (null: all of this machine's)."
+    )
+    worker_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each rollout worker (placement).")
+    worker_gpus: float = Field(0.0, ge=0, description="GPUs Ray gives each rollout worker (placement; 0: CPU).")
+    worker_threads: int | None = Field(
+        None, gt=0,
+        description="torch threads in each rollout worker (null: the trainer's, trainer.num_threads "
+        "or torch's default), so a worker computes exactly what the local mode does.",
+    )
+
+
 class RunConfig(_Section):
     recipe: str = Field("grpo", description="Name of the recipe this config started from.")
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -755,6 +787,7 @@ class RunConfig(_Section):
     sft: SFTConfig | None = Field(
         None, description="Supervised warm start before RL (docs/sft.md): `reinforge train` runs it "
         "first, in <run>/sft/, and RL starts from its weights; `reinforge sft` runs it alone.")
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
 
     @field_validator("recipe")
     @classmethod
@@ -808,6 +841,17 @@ class RunConfig(_Section):
                 "algorithm.cov_penalty=kl_cov replaces the clipped surrogate's clip with its own penalty "
                 f"(arXiv:2505.22617), so it needs policy_loss=clipped and dual_clip=null (got "
                 f"policy_loss={algo.policy_loss!r}, dual_clip={algo.dual_clip}); use cov_penalty=clip_cov otherwise"
+            )
+        if algo.max_staleness > 0 and self.scale.mode != "ray":
+            raise ValueError(
+                f"algorithm.max_staleness={algo.max_staleness} lets rollouts run ahead of the learner, "
+                "which needs rollout workers of their own: add scale.mode=ray (or set max_staleness=0)"
+            )
+        if self.scale.mode == "ray" and algo.max_staleness < rollout.sync_every - 1:
+            raise ValueError(
+                f"rollout.sync_every={rollout.sync_every} makes samples up to {rollout.sync_every - 1} "
+                f"versions old, beyond algorithm.max_staleness={algo.max_staleness}: raise max_staleness "
+                f"to {rollout.sync_every - 1} or lower sync_every"
             )
         if algo.mini_batches > self.trainer.prompts_per_step:
             raise ValueError(

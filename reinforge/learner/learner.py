@@ -56,7 +56,15 @@ class Learner:
         autocast_dtype: torch.dtype | None = None,
         reference_model=None,
         critic=None,
+        data_parallel=None,
     ):
+        """``data_parallel``: a ``scale.data_parallel.DataParallel`` when this learner is one rank
+        of several: each rank takes its share of the micro-batches and the gradients are summed
+        before the step, so every rank applies the one-process update."""
+        if data_parallel is not None and critic is not None:
+            raise ValueError("the data-parallel learner trains the policy only: PPO's critic (advantage=gae) "
+                             "needs a single learner process")
+        self.data_parallel = data_parallel
         self.model = model
         self.device = model_device(model)
         self.critic = critic
@@ -248,7 +256,10 @@ class Learner:
         # kept so that the sampler/learner mismatch can be measured without another forward.
         fresh = torch.zeros(rollout.completion_ids.shape) if batch.old_logprobs is None else None
         self.last_fresh_logprobs = fresh
-        for rows in self._plan(rollout):
+        plan = self._plan(rollout)
+        if self.data_parallel is not None:  # this rank's micro-batches; normalisers stay whole-batch
+            plan = self.data_parallel.shard(plan)
+        for rows in plan:
             mi = self._inputs(rollout, rows)
             cw = mi.completion_ids.shape[1]
 
@@ -293,6 +304,8 @@ class Learner:
             sums["entropy"] += float(entropy.detach())
             sums["clip_fraction"] += float(stats["clip_fraction"]) * n_tok / max(float(loss_mask.sum()), 1.0)
             sums["ratio_max"] = max(sums["ratio_max"], float(stats["ratio_max"]))
+        if self.data_parallel is not None:  # sum gradients and stats over ranks: the whole batch's
+            finite = self.data_parallel.reduce(self.params, sums, finite, fresh)
         grad_norm, finite = guarded_step(
             self.optimizer, self.params, self.cfg.grad_clip, finite=finite, scheduler=self.scheduler
         )

@@ -46,6 +46,7 @@ from ..models import load_model, load_tokenizer, resolve_device, resolve_model_p
 from ..reward_models.guard import RewardHackingGuard
 from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
+from ..rollout.seeding import seeded_sampling
 from ..tasks import Example, build_task, encode_prompt
 from ..tracking import RunDir
 from ..tracking.checkpoints import list_checkpoints
@@ -218,6 +219,13 @@ class Trainer:
         self.nan_streak = 0
         if self.run_dir is None:
             self.run_dir = RunDir.create(cfg, name=cfg.tracking.run_name)
+        # Where a step's scored groups come from: this process (``gather``), or rollout workers
+        # elsewhere (scale.mode=ray: reinforge/scale/), which get the weights through ``sync``.
+        self.source = None
+        if cfg.scale.mode == "ray":
+            from ..scale import build_experience_source
+
+            self.source = build_experience_source(self)
         if self._resume:
             self._restore()
 
@@ -252,7 +260,7 @@ class Trainer:
         """Checkpoint the state after ``step``. ``start_of_next``: the (RNG, curriculum) states
         taken when the next step began, for a step that was abandoned after changing them."""
         state = self.learner.state_dict()
-        rng, sampler = start_of_next if start_of_next is not None else (None, self.curriculum.state_dict())
+        rng, sampler = start_of_next if start_of_next is not None else (None, self._curriculum_state())
         with self._stop.critical():  # a second Ctrl-C/SIGTERM waits for the write to end
             save_checkpoint(
                 self.run_dir.path, step,
@@ -261,6 +269,10 @@ class Trainer:
                 trainer_state={"sampler": sampler, "nan_streak": self.nan_streak},
                 keep=self.cfg.trainer.keep_checkpoints, rng=rng,
             )
+
+    def _curriculum_state(self):
+        # Rollout workers sample ahead: their source knows the state before what is not yet trained.
+        return self.source.curriculum_state() if self.source is not None else self.curriculum.state_dict()
 
     def _encode(self, example) -> list[int]:
         ids = self._prompt_cache.get(example.id)
@@ -280,12 +292,14 @@ class Trainer:
         return summary
 
     # -- the phases of one step --------------------------------------------------------------
-    def collect(self, indices: list[int], num_samples: int | None = None) -> Collected:
+    def collect(self, indices: list[int], num_samples: int | None = None, key: tuple[int, int] = (0, 0)) -> Collected:
         """Sample ``rollout.num_samples`` (or ``num_samples``) trajectories for each training
-        example in ``indices``."""
+        example in ``indices``, under the seed of ``key`` = (step, round) (rollout/seeding.py: a
+        Ray worker sampling the same request draws the same tokens)."""
         examples = [self.train_examples[i] for i in indices]
         sampling = self.sampling if num_samples is None else dataclasses.replace(self.sampling, num_samples=num_samples)
-        rollout = self.generator.generate([self._encode(e) for e in examples], sampling)
+        with seeded_sampling(self.cfg.trainer.seed, *key):
+            rollout = self.generator.generate([self._encode(e) for e in examples], sampling)
         return Collected(rollout, examples, indices)
 
     def score(self, collected: Collected) -> Scores:
@@ -294,14 +308,14 @@ class Trainer:
         rows = [collected.examples[int(g)] for g in collected.rollout.group_index]
         return self.reward_fn.score(collected.rollout, rows, learn=True)
 
-    def gather(self, timer: PhaseTimer) -> Scored:
+    def gather(self, timer: PhaseTimer, step: int = 0) -> Scored:
         """Rounds of collect and score until the curriculum has ``prompts_per_step`` groups it
         keeps, or its round limit is reached (then the last round is used whole, if nothing was
         kept)."""
         need = self.cfg.trainer.prompts_per_step
         cur = self.curriculum
         if cur.adaptive_samples:
-            return self._gather_adaptive(timer)
+            return self._gather_adaptive(timer, step)
         kept: list[tuple[RolloutBatch, list[Example], Scores]] = []
         n_kept = rounds = 0
         sampled_tokens = 0.0
@@ -309,7 +323,7 @@ class Trainer:
         while n_kept < need and rounds < cur.max_rounds:
             rounds += 1
             with timer("collect"):
-                collected = self.collect(cur.sample(need))
+                collected = self.collect(cur.sample(need), key=(step, rounds))
             with timer("score"):
                 scores = self.score(collected)
             rollout = collected.rollout
@@ -336,7 +350,7 @@ class Trainer:
         return Scored(rollout, [e for k in kept for e in k[1]],
                       concat_scores([k[2] for k in kept], rollout.completion_ids.shape[1]), info=info)
 
-    def _gather_adaptive(self, timer: PhaseTimer) -> Scored:
+    def _gather_adaptive(self, timer: PhaseTimer, step: int = 0) -> Scored:
         """Adaptive samples per prompt (Reinforce-Ada): the step's prompts are sampled in rounds of
         ``curriculum.samples_per_round``, each round only for the prompts ``curriculum.resample()``
         names, then ``curriculum.form_groups()`` picks each prompt's group from its samples."""
@@ -349,7 +363,8 @@ class Trainer:
         while active and rounds < cur.max_rounds:
             rounds += 1
             with timer("collect"):
-                collected = self.collect([indices[p] for p in active], num_samples=cur.samples_per_round)
+                collected = self.collect([indices[p] for p in active], num_samples=cur.samples_per_round,
+                                         key=(step, rounds))
             with timer("score"):
                 scores = self.score(collected)
             cur.observe(collected.indices, scores.rewards, collected.rollout.group_index)
@@ -443,7 +458,8 @@ class Trainer:
         # The NaN guard counts a step as skipped if any of its updates was.
         stats["skipped"] = max(u["skipped"] for u in updates) if "skipped" in stats else 0.0
         rollout = batch.rollout
-        if batch.old_logprobs is None and self.generator.needs_sync and not critic_only and not stats["skipped"]:
+        sampler_has_own_weights = self.generator.needs_sync or self.source is not None
+        if batch.old_logprobs is None and sampler_has_own_weights and not critic_only and not stats["skipped"]:
             # One update on fresh samples: its forward pass gave the learner's log-probs.
             stats.update(mismatch_stats(self.learner.last_fresh_logprobs, rollout.sampler_logprobs,
                                         rollout.action_mask))
@@ -452,14 +468,17 @@ class Trainer:
     def sync(self, step: int) -> None:
         """Give the generator the weights after ``step`` (every ``rollout.sync_every`` steps for a
         generator with its own copy; one that samples from the live model is always current)."""
-        if not self.generator.needs_sync or step % self.cfg.rollout.sync_every == 0:
+        has_own_weights = self.generator.needs_sync or self.source is not None
+        if not has_own_weights or step % self.cfg.rollout.sync_every == 0:
             self._sync_generator(step)
 
     def _sync_generator(self, version: int) -> None:
         # A generator without its own copy samples from the learner's live module: it only
         # records the version, so the weights are not copied for it.
-        state = self.learner.policy_state_dict() if self.generator.needs_sync else {}
+        state = self.learner.policy_state_dict() if self.generator.needs_sync or self.source is not None else {}
         self.generator.sync_weights(state, version)
+        if self.source is not None:  # rollout workers: through Ray's object store
+            self.source.publish(state, version)
 
     def log(self, step: int, scored: Scored, prepared: Prepared, stats: dict[str, float], timer: PhaseTimer) -> dict[str, float]:
         """The step's metrics, and its first ``trainer.samples_to_log`` samples into the run."""
@@ -511,7 +530,10 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
         with self._stop.abandonable():       # past the stop grace period, undone (trainer/stopping.py)
-            scored = self.gather(timer)      # collect + score, as often as the curriculum asks
+            if self.source is not None:      # rollout workers elsewhere: streamed, scored there
+                scored = self.source.gather(step, timer)
+            else:                            # collect + score, as often as the curriculum asks
+                scored = self.gather(timer, step)
             with timer("prepare"):
                 prepared = self.prepare(scored)
         with timer("update"):
@@ -553,6 +575,8 @@ class Trainer:
                         raise
                     raise reported from err
         finally:
+            if getattr(self, "source", None) is not None:
+                self.source.close()
             if self.run_dir is not None:
                 self.run_dir.release_writer()
 

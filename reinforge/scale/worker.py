@@ -1,0 +1,113 @@
+"""A rollout worker: a generator and the reward function in a process of its own (a Ray actor).
+
+It builds the same generator as the local mode from the same config, receives the policy's weights
+as a state dict with a version (from Ray's object store: no files), samples a request's prompts
+under the request's own seed (``rollout.seeding``), scores them, and returns the scored rollout
+with the time it was busy. Ray is not imported here: ``ray_source`` wraps this class in
+``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from ..batch import RolloutBatch
+from ..rewards import Scores
+from ..rollout import SamplingParams
+from ..tasks import Example
+
+
+@dataclass
+class RolloutRequest:
+    """One unit of work: ``prompts`` (token ids, one per group) of the training examples at
+    ``indices``, sampled under the seed of ``key`` = (step slot, round)."""
+
+    id: int
+    key: tuple[int, int]
+    prompts: list[list[int]]
+    examples: list[Example]
+    indices: list[int]
+    sampling: SamplingParams
+
+
+@dataclass
+class RolloutResult:
+    request_id: int
+    rollout: RolloutBatch
+    scores: Scores
+    started: float          # time.time() when the worker began the request
+    finished: float
+    worker_pid: int
+    weight_load_s: float = 0.0   # the last weight load before this request
+    info: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutWorker:
+    """``config``: the run's config as a dict. ``threads``: torch CPU threads (the trainer's by
+    default, so that float results match the local mode). ``sys_path``: the driver's import path,
+    so that a user's reward module found by the driver is found here too."""
+
+    def __init__(self, config: dict, worker_id: int, threads: int | None, sys_path: list[str]):
+        for p in sys_path:
+            if p not in sys.path:
+                sys.path.append(p)
+        from ..config import RunConfig
+        from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
+        from ..rewards import build_reward
+        from ..rollout import build_generator
+        from ..tasks import build_task
+
+        cfg = RunConfig.model_validate(config)
+        if threads:
+            torch.set_num_threads(threads)
+        self.worker_id = worker_id
+        self.seed = cfg.trainer.seed
+        task = build_task(cfg.task)
+        self.reward_fn = build_reward(cfg.reward, task, max_new_tokens=cfg.rollout.max_new_tokens)
+        device = resolve_device(cfg.model.device)
+        path = resolve_model_path(cfg.model.path)
+        tokenizer = load_tokenizer(path)
+        # Weights arrive merged (LoRA folded in), so the worker holds the plain base architecture.
+        self.model = load_model(cfg.model.model_copy(update={"lora": None}), path=path, device=device)
+        self.model.requires_grad_(False)
+        self.generator = build_generator(
+            cfg.rollout, self.model, tokenizer, model_path=path, model_dtype=cfg.model.dtype,
+            autocast_dtype=torch.bfloat16 if cfg.model.dtype == "bfloat16" else None, seed=cfg.trainer.seed,
+        )
+        self.weight_load_s = 0.0
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    @torch.no_grad()
+    def set_weights(self, state: Mapping[str, torch.Tensor], version: int) -> int:
+        t0 = time.perf_counter()
+        if self.generator.needs_sync:
+            self.generator.sync_weights(state, version)
+        else:  # the generator samples from self.model: load into it, then record the version
+            self.model.load_state_dict(state)
+            self.generator.sync_weights({}, version)
+        self.weight_load_s = time.perf_counter() - t0
+        return version
+
+    def rollout(self, request: RolloutRequest) -> RolloutResult:
+        from ..rollout.seeding import seeded_sampling
+
+        started = time.time()
+        with seeded_sampling(self.seed, *request.key):
+            rollout = self.generator.generate(request.prompts, request.sampling)
+        rows = [request.examples[int(g)] for g in rollout.group_index]
+        scores = self.reward_fn.score(rollout, rows)
+        return RolloutResult(request.id, rollout, scores, started, time.time(), os.getpid(), self.weight_load_s)
+
+    def close(self) -> None:
+        self.generator.close()
+        close = getattr(self.reward_fn, "close", None)
+        if close is not None:
+            close()
