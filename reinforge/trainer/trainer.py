@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..agents import agent_metrics, build_agent, build_run_task, write_trajectories
 from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, needs_of, truncated_importance_weights
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import RunConfig
@@ -43,7 +44,7 @@ from ..learner.memory import check_memory
 from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
 from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
-from ..tasks import Example, build_task, encode_prompt
+from ..tasks import Example, encode_prompt
 from ..tracking import RunDir
 from ..tracking.curves import plot_learning_curves
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
@@ -141,7 +142,7 @@ class Trainer:
         random.seed(cfg.trainer.seed)
         # Cheap failures first: the task, the device and the model path are checked before any
         # weights load.
-        self.task = build_task(cfg.task)
+        self.task = build_run_task(cfg)  # an environment may make its own examples (task.source: env)
         self.train_examples = self.task.train_examples()
         eval_examples = self.task.eval_examples()
         if cfg.trainer.eval_max_prompts is not None:
@@ -179,9 +180,12 @@ class Trainer:
         )
         self.learner = Learner(
             self.model, cfg.learner, cfg.algorithm,
-            temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            max_new_tokens=cfg.env.max_tokens if cfg.env else cfg.rollout.max_new_tokens,
             autocast_dtype=self.autocast_dtype, reference_model=reference, critic=critic,
         )
+        if cfg.env is not None:  # multi-turn: trajectories from an environment (docs/agents.md)
+            self.generator, self.reward_fn = build_agent(cfg, self.generator, self.reward_fn, self.task)
         self.curriculum = build_curriculum(cfg, len(self.train_examples))
         self.sampling = SamplingParams(
             num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
@@ -247,7 +251,10 @@ class Trainer:
     def collect(self, indices: list[int]) -> Collected:
         """Sample ``rollout.num_samples`` trajectories for each training example in ``indices``."""
         examples = [self.train_examples[i] for i in indices]
-        rollout = self.generator.generate([self._encode(e) for e in examples], self.sampling)
+        if self.cfg.env is not None:
+            rollout = self.generator.generate_examples(examples, self.sampling, record=True)
+        else:
+            rollout = self.generator.generate([self._encode(e) for e in examples], self.sampling)
         return Collected(rollout, examples, indices)
 
     def score(self, collected: Collected) -> Scores:
@@ -430,6 +437,11 @@ class Trainer:
                              "advantage": float(a if a.dim() == 0 else a[actions[i]].mean() if actions[i].any() else 0.0),
                              "version": int(rollout.versions[i]), "errors": o.errors})
             self.run_dir.log_samples(step, rows)
+        if self.cfg.env is not None:  # every trajectory of the step, whole, and the agent metrics
+            episodes = self.generator.pop_recorded()
+            metrics.update(agent_metrics(episodes))
+            write_trajectories(self.run_dir.path / "trajectories" / f"step_{step:06d}.jsonl",
+                               [e.to_record() for e in episodes])
         return metrics
 
     def train_step(self, step: int) -> dict[str, float]:
