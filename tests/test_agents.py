@@ -581,3 +581,23 @@ def test_reward_rises_on_a_toy_multi_turn_env(tmp_path, tiny_model_dir, eos_bias
     rewards = [m["reward_mean"] for m in RunDir.open(result.run_dir).read_metrics()]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.2, rewards
+
+
+def test_sampled_eval_over_trajectories(tmp_path, tiny_model_dir):
+    """`reinforge eval`'s sampled evaluation with an env: pass@k over whole trajectories, the
+    answer read from the final turn, turns used and every trajectory in the rows."""
+    from reinforge.evaluation.runner import build_eval_setup, sampled_eval
+
+    cfg = _agent_config(tmp_path, tiny_model_dir)
+    setup = build_eval_setup(cfg)
+    tok = make_tokenizer()
+    model = eos_biased_model(tok)
+    summary, rows = sampled_eval(setup, model, tok, samples=4, temperature=1.0, top_p=1.0, max_new_tokens=8,
+                                 seed=0, n_resamples=200)
+    assert len(rows) == 4 and all(len(r["trajectories"]) == 4 for r in rows)
+    assert [p["k"] for p in summary["pass_at_k"]] == [1, 2, 3, 4] and summary["agent/turns"] >= 1
+    for r in rows:
+        assert r["completions"] == [t["turns"][-1]["text"] for t in r["trajectories"]]
+        # The outcome on the final turn plus the turn rewards (turn_rewards: sum, no discount).
+        assert r["rewards"] == pytest.approx([sevens_reward(c, None) + sum(tt["reward"] for tt in t["turns"])
+                                              for c, t in zip(r["completions"], r["trajectories"])])
