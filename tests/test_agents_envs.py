@@ -94,3 +94,18 @@ def test_code_feedback_shows_failing_tests_and_ends_when_they_pass(sandbox_ok):
     assert not done and "Failing tests" in obs[0]["content"]
     _, _, done, info = env.step({"role": "assistant", "content": f"```python\n{solutions[example.metadata['id']]}\n```"})
     assert done and info["passed"] == n
+
+
+def test_the_docs_example_environment_runs(tmp_path):
+    """docs/agents.md's example, loaded as env.name=file.py:function, does what the page says."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "agents.md").read_text()
+    code = text.split("## A new tool and environment")[1].split("```python")[1].split("```")[0]
+    (tmp_path / "my_env.py").write_text(code)
+    env = env_factory(f"{tmp_path / 'my_env.py'}:unit_convert", {"max_turns": 3}, None)()
+    env.reset(Example("e", [{"role": "user", "content": "2 km in m?"}], "2000"))
+    obs, reward, done, _ = env.step({"content": _call("convert", {"value": 2, "unit_from": "km", "unit_to": "m"})})
+    assert obs[0]["content"] == "2000.0" and reward == 0 and not done
+    obs, reward, _, info = env.step({"content": _call("convert", {"value": 2, "unit": "km"})})
+    assert info["invalid_calls"] == 1 and reward == pytest.approx(-0.1)

@@ -153,11 +153,19 @@ def register_env(name: str, *, make_task: Callable[..., Any] | None = None):
 
 
 def env_spec(name: str) -> EnvSpec:
+    """The registered environment ``name``, or for ``module:function`` / ``file.py:function`` that
+    function as the factory (its module may also register further environments)."""
     from reinforge.agents import envs  # noqa: F401 - registers the bundled environments
 
+    if ":" in name and name not in ENVS:
+        from reinforge.rewards.verifiers import load_callable
+
+        factory = load_callable(name)
+        return ENVS.get(name) or EnvSpec(name, factory, None, (factory.__doc__ or "").strip().split("\n")[0])
     if name not in ENVS:
         raise ValueError(f"env.name={name!r} is not a registered environment; registered: "
-                         f"{', '.join(sorted(ENVS))} (register your own with reinforge.agents.register_env)")
+                         f"{', '.join(sorted(ENVS))} (or name your factory as 'module:function' or "
+                         "'file.py:function')")
     return ENVS[name]
 
 
