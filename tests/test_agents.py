@@ -601,3 +601,64 @@ def test_sampled_eval_over_trajectories(tmp_path, tiny_model_dir):
         # The outcome on the final turn plus the turn rewards (turn_rewards: sum, no discount).
         assert r["rewards"] == pytest.approx([sevens_reward(c, None) + sum(tt["reward"] for tt in t["turns"])
                                               for c, t in zip(r["completions"], r["trajectories"])])
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_openai_endpoint_records_token_in_token_out_conversations():
+    from reinforge.agents.server import CompletionServer
+
+    tok = make_tokenizer()
+    model = eos_biased_model(tok, bias=3.0)
+    with CompletionServer(HFGenerator(model, tok), max_tokens=12) as server:
+        assert server.url.startswith("http://127.0.0.1:")
+        torch.manual_seed(0)
+        first = [{"role": "user", "content": "What is 2+3?"}]
+        status, r1 = _post(server.url, {"model": "x", "messages": first, "temperature": 1.0, "logprobs": True,
+                                        "tools": [Tool.from_function(add).schema]})
+        assert status == 200 and r1["object"] == "chat.completion"
+        reply = r1["choices"][0]["message"]
+        assert len(r1["choices"][0]["logprobs"]["content"]) == r1["usage"]["completion_tokens"]
+        # The agent answers with a tool result; the client echoes the assistant message back (with
+        # an extra field, as OpenAI clients do).
+        second = first + [{**reply, "refusal": None}, {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+        status, r2 = _post(server.url, {"model": "x", "messages": second})
+        assert status == 200
+        status, _ = _post(server.url, {"model": "x", "messages": [{"role": "user", "content": "Other."}]})
+        assert _post(server.url, {"model": "x", "messages": []})[0] == 400
+        assert _post(server.url, {"model": "x", "messages": first, "stream": True})[0] == 400
+    convs = server.finished()
+    assert len(server.conversations) == 3 and len(convs) == 2
+    conv = convs[0]
+    s1, s2 = r1["completion_token_ids"], r2["completion_token_ids"]
+    renderer = ChatRenderer(tok)
+    obs = renderer.observation_ids([{"role": "tool", "content": "5"}], tok.decode(s1[-1:]))
+    assert conv.token_ids == s1 + obs + s2  # the sampled ids, never re-tokenized, then the new turn
+    assert conv.action_mask == [True] * len(s1) + [False] * len(obs) + [True] * len(s2)
+    assert r2["prompt_token_ids"] == conv.prompt_ids + s1 + obs
+    assert '"name": "add"' in tok.decode(conv.prompt_ids)  # the tools, in the fallback format
+    batch = server.rollout()
+    ref = forward_logprobs(model, batch)
+    assert torch.allclose(batch.sampler_logprobs[batch.action_mask], ref[batch.action_mask], atol=1e-4)
+
+
+def test_endpoint_tool_calls_round_trip_as_the_model_wrote_them():
+    from reinforge.agents.server import _canonical, _plain
+
+    ours = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}
+    echoed = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}]}
+    assert _canonical(ours) == _canonical(echoed)
+    assert parse_tool_calls(_plain(echoed)["content"])[0].arguments == {"a": 1, "b": 2}
