@@ -77,7 +77,9 @@ class TurnRecord:
 class Episode:
     """A whole trajectory as the environment and the model lived it.
 
-    messages:    the opening messages, then each assistant turn and its observations, in order.
+    messages:    the opening messages (with the fallback tool prompt when used), then each
+                 assistant turn and its observations, in order; ``tools``: the schemas given to the
+                 template as ``tools=`` (empty with the fallback).
     token_ids:   every token after the prompt; ``action_mask`` True on the ones the model sampled
                  (the only ones trained on), ``logprobs`` their sampling log-probs (0 elsewhere).
     truncated:   a budget ended it (``truncation``: "max_turns", "max_tokens_per_turn",
@@ -95,6 +97,7 @@ class Episode:
     truncated: bool = False
     truncation: str | None = None
     env_error: str | None = None
+    tools: list[dict] = field(default_factory=list)
 
     @property
     def final_text(self) -> str:
@@ -126,12 +129,13 @@ class Episode:
                           "observation_span": [t.obs_start, t.obs_end], "tool_calls": t.tool_calls,
                           "observations": t.observations, "reward": t.reward, "info": info})
         return {
-            "example_id": self.example_id, "messages": self.messages, "turns": turns,
+            "example_id": self.example_id, "messages": self.messages, "tools": self.tools, "turns": turns,
             "num_turns": len(self.turns), "tool_calls": self.tool_calls, "invalid_calls": self.invalid_calls,
             "tool_errors": self.tool_errors, "done": self.done, "truncated": self.truncated,
             "truncation": self.truncation, "env_error": self.env_error,
             "prompt_ids": self.prompt_ids, "token_ids": self.token_ids,
             "trained_mask": [int(a) for a in self.action_mask],
+            "logprobs": [round(x, 6) for x in self.logprobs],
         }
 
 
@@ -233,9 +237,8 @@ class AgentGenerator:
                 tools = list(getattr(env, "tools", None) or [])
                 shown, template_tools = self.renderer.prompt_messages(messages, tools)
                 prompt = self.renderer.prompt_ids(messages, tools)
-                ep = Episode(example_id=e.id, messages=[dict(m) for m in shown], prompt_ids=prompt)
-                if template_tools:
-                    ep.messages.insert(0, {"role": "tools", "content": json.dumps(template_tools)})
+                ep = Episode(example_id=e.id, messages=[dict(m) for m in shown], prompt_ids=prompt,
+                             tools=list(template_tools or []))
                 rows.append(_Row(env, ep, seeds[len(rows)]))
         per_chunk = max(1, self.base.batch_size // g) * g
         for i in range(0, len(rows), per_chunk):

@@ -148,7 +148,9 @@ class Trainer:
         if cfg.trainer.eval_max_prompts is not None:
             eval_examples = eval_examples[: cfg.trainer.eval_max_prompts]
         self.eval_examples = list(eval_examples)
-        self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens)
+        # (an agent's length shaping counts against its whole trajectory's budget)
+        self.reward_fn = build_reward(cfg.reward, self.task,
+                                      max_new_tokens=cfg.env.max_tokens if cfg.env else cfg.rollout.max_new_tokens)
         self.device = resolve_device(cfg.model.device)
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
