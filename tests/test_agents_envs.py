@@ -109,3 +109,23 @@ def test_the_docs_example_environment_runs(tmp_path):
     assert obs[0]["content"] == "2000.0" and reward == 0 and not done
     obs, reward, _, info = env.step({"content": _call("convert", {"value": 2, "unit": "km"})})
     assert info["invalid_calls"] == 1 and reward == pytest.approx(-0.1)
+
+
+@pytest.mark.parametrize("name", ["agent.yaml", "agent_guess.yaml", "agent_code.yaml"])
+def test_bundled_agent_configs_validate_and_build_their_environment(name):
+    from pathlib import Path
+
+    from reinforge.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / name)
+    task = build_run_task(cfg)
+    env = env_factory(cfg.env.name, dict(cfg.env.options), task)()
+    example = task.train_examples()[0]
+    messages = env.reset(example)
+    assert messages and messages[-1]["role"] == "user"
+    if name == "agent_guess.yaml":  # the task verifier scores the final guess
+        from reinforge.rewards import build_reward
+
+        reward = build_reward(cfg.reward, task)
+        outcomes = reward([f"<answer>{example.answer}</answer>", "<answer>0</answer>"], [example, example])
+        assert [o.reward for o in outcomes] == [1.0, 0.0]
