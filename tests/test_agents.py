@@ -662,3 +662,22 @@ def test_endpoint_tool_calls_round_trip_as_the_model_wrote_them():
         {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}]}
     assert _canonical(ours) == _canonical(echoed)
     assert parse_tool_calls(_plain(echoed)["content"])[0].arguments == {"a": 1, "b": 2}
+
+
+def test_squeezing_the_caches_holes_keeps_every_logprob():
+    """Many turns arriving at different steps leave holes in the shared cache; gathering each
+    row's real slots together (no forward pass) must not change what the model computes."""
+    tok = make_tokenizer()
+    model = eos_biased_model(tok, bias=2.0)
+    agent = _agent(model, tok, lambda: EchoEnv(turns=6, delay=0.002),
+                   budgets=AgentBudgets(max_turns=6, max_tokens_per_turn=20, max_tokens=400))
+    torch.manual_seed(1)
+    batch = agent.generate_examples(_examples(4), SamplingParams(num_samples=2))
+    assert agent.compactions >= 1
+    ref = forward_logprobs(model, batch)
+    assert torch.allclose(batch.sampler_logprobs[batch.action_mask], ref[batch.action_mask], atol=1e-4)
+    torch.manual_seed(1)
+    again = _agent(model, tok, lambda: EchoEnv(turns=6), kv_reuse=False,
+                   budgets=AgentBudgets(max_turns=6, max_tokens_per_turn=20, max_tokens=400)).generate_examples(
+        _examples(4), SamplingParams(num_samples=2))
+    assert [e.token_ids for e in again.episodes] == [e.token_ids for e in batch.episodes]

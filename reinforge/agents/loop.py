@@ -13,7 +13,9 @@ rows), extended turn by turn instead of re-prefilling the conversation:
 - when a row ends a turn, its environment step is submitted to a thread pool and the row waits
   (its cache slot receives masked holes) while the other rows keep decoding; its observation joins
   the next forward after it arrives. The steps of a batch's trajectories run concurrently;
-- finished rows leave the cache once they are an eighth of it.
+- finished rows leave the cache once they are an eighth of it, and once holes are half the cache
+  each row's real slots are gathered together (no forward pass: cached keys carry their rotary
+  positions).
 
 Sampling is the HF generator's (temperature and top-p, inverse-CDF draw, the log-prob recorded
 under the sampling distribution), with one random stream per trajectory seeded from torch's global
@@ -192,6 +194,7 @@ class AgentGenerator:
         self.kv_reuse = kv_reuse
         self.pool = ThreadPoolExecutor(max_workers=max(1, tool_workers), thread_name_prefix="reinforge-env")
         self.recorded: list[Episode] = []
+        self.compactions = 0  # times the cache's holes were squeezed out (see _decode)
 
     # -- the Generator protocol, delegated --------------------------------------------------------
     @property
@@ -381,6 +384,11 @@ class AgentGenerator:
                 attn, pos = attn[sel], pos[sel]
                 slots = [slots[k] for k in keep]
                 feeding = [k for k, r in enumerate(slots) if rows[r].state == _FEED]
+            # Holes (slots of rows that waited, or fed fewer tokens than the widest) cost attention
+            # in every later step: once they are half the cache, each row's real slots are moved
+            # together (a gather of the cached keys and values: no forward pass).
+            if attn.shape[1] >= 2 * int(attn.sum(dim=1).max()) + 32:
+                attn = self._compact(cache, attn)
             # 4. One forward: each feeding row's tokens right-aligned, the rest masked holes.
             width = max(len(rows[slots[k]].feed) for k in feeding)
             n = len(slots)
@@ -401,6 +409,24 @@ class AgentGenerator:
             for k in feeding:
                 row = rows[slots[k]]
                 row.feed, row.state = [], _SAMPLE
+
+    def _compact(self, cache, attn: torch.Tensor) -> torch.Tensor:
+        """Move each row's real cache slots to the right end, in order, dropping the holes; returns
+        the new attention mask. Keys are cached after the rotary embedding, so their positions
+        travel with them. Caches with sliding-window layers are left alone."""
+        from transformers.cache_utils import DynamicLayer
+
+        if type(cache).__name__ != "DynamicCache" or any(type(layer) is not DynamicLayer for layer in cache.layers):
+            return attn
+        real = attn.bool()
+        width = int(real.sum(dim=1).max())
+        order = torch.argsort(real.to(torch.int8), dim=1, stable=True)[:, -width:]  # holes first, then real slots
+        for layer in cache.layers:
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = torch.gather(layer.keys, 2, index)
+            layer.values = torch.gather(layer.values, 2, index)
+        self.compactions += 1
+        return torch.gather(real, 1, order).long()
 
     def _end_turn(self, row: _Row, *, stopped: bool, why: str | None = None) -> None:
         ep = row.ep
