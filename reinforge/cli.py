@@ -55,6 +55,7 @@ def _train(args: argparse.Namespace) -> int:
 def _train_rm(args: argparse.Namespace) -> int:
     """`reinforge train-rm CONFIG [key=value ...]` or `--resume RUN_DIR`: an outcome RM or a PRM
     trained on labels made here, measured on held-out prompts (reinforge/reward_models/train.py)."""
+    from .config import ConfigError
     from .reward_models.train import RewardModelTrainer, RMRunConfig, load_rm_config
     from .tracking import RunDir
 
@@ -78,6 +79,7 @@ def _train_rm(args: argparse.Namespace) -> int:
 def _sft(args: argparse.Namespace) -> int:
     """`reinforge sft CONFIG [key=value ...]` / `--resume RUN_DIR`: supervised fine-tuning alone
     (docs/sft.md); the run's final_model/ can be an RL run's model.path."""
+    from .config import ConfigError, load_config
     from .sft import SFTRunner
     from .tracking import RunDir
     from .trainer.resume import resume_config

@@ -93,12 +93,13 @@ class FewShotExample(_Section):
 
 
 class TaskConfig(_Section):
-    source: Literal["reasoning_gym", "file", "code"] = Field(
+    source: Literal["reasoning_gym", "file", "code", "env"] = Field(
         "reasoning_gym",
         description="'reasoning_gym': a procedural task by name; 'file': a local JSONL/Parquet/CSV "
         "file or a `datasets.save_to_disk` directory of prompts and answers; 'code': programming "
         "problems with tests (a JSONL file as `path`, or a bundled set as `name`: 'basic'), "
-        "scored by the 'code' verifier (docs/sandbox.md).",
+        "scored by the 'code' verifier (docs/sandbox.md); 'env': the examples of the environment "
+        "named by env.name (e.g. guess_number; docs/agents.md).",
     )
     name: str = Field(
         "leg_counting",
@@ -524,6 +525,47 @@ class LearnerConfig(_Section):
 
 
 
+class EnvConfig(_Section):
+    """Multi-turn agents (docs/agents.md): each trajectory is a conversation with an environment
+    (``reinforge.agents.Env``: ``reset(example) -> messages``, ``step(assistant message) ->
+    observations, reward, done, info``), the model's turns trained on and the observations context
+    only, decoded token-in/token-out with the KV cache extended per turn. The environment-as-MDP
+    framing of LLM agents follows e.g. AgentGym ('AgentGym: Evolving Large Language Model-based
+    Agents across Diverse Environments', Xi et al., 2024, arXiv:2406.04151) and tool-integrated
+    reasoning ('ToRA', Gou et al., 2023, arXiv:2309.17452)."""
+
+    name: str = Field(..., description="A registered environment: 'calculator', 'guess_number', "
+                      "'code_feedback', or one registered with reinforge.agents.register_env.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the environment.")
+    max_turns: int = Field(4, ge=1, description="Model turns per trajectory at most; a trajectory still "
+                           "going after them is truncated.")
+    max_tokens_per_turn: int | None = Field(
+        None, gt=0, description="Tokens the model may sample in one turn (null: rollout.max_new_tokens); a "
+        "turn cut here truncates the trajectory.")
+    max_tokens: int = Field(512, gt=0, description="All tokens after the prompt (the model's and the "
+                            "observations') per trajectory; reaching it truncates the trajectory.")
+    truncated_reward: float | None = Field(
+        None, description="The reward of a truncated trajectory (null: what it earned; a truncated "
+        "trajectory is never counted correct).")
+    turn_rewards: Literal["sum", "tokens"] = Field(
+        "sum", description="How the environment's per-turn rewards enter: 'sum': the discounted return "
+        "from the first turn is the scalar reward (any estimator); 'tokens': token rewards at the end of "
+        "each turn's action span, so that returns-to-go equal the discounted per-turn returns "
+        "(estimators taking token rewards: reinforce_pp, gae, with algorithm.gamma=1).")
+    turn_discount: float = Field(1.0, ge=0, le=1, description="Discount per turn of the per-turn "
+                                 "rewards (the outcome counts as the last turn's).")
+    tool_format: Literal["auto", "template", "fallback"] = Field(
+        "auto", description="How tools are shown: the chat template's tools= when it renders them "
+        "('auto', 'template'), else a system-prompt description with the <tool_call> convention "
+        "('fallback'; SmolLM2's template has no tool support).")
+    tool_workers: int = Field(8, ge=1, description="Threads running environment steps (tool calls) "
+                              "concurrently.")
+    overlap_tools: bool = Field(
+        True, description="Keep decoding the other trajectories while one waits for its tools. Their "
+        "arrival order then changes float rounding in attention; false waits for each step's tool calls, "
+        "making runs bit-for-bit reproducible (resume equals the uninterrupted run).")
+
+
 class TrainerConfig(_Section):
     steps: int = Field(30, gt=0, description="Number of RL steps (rollout + update).")
     prompts_per_step: int = Field(8, gt=0)
@@ -788,6 +830,8 @@ class RunConfig(_Section):
         None, description="Supervised warm start before RL (docs/sft.md): `reinforge train` runs it "
         "first, in <run>/sft/, and RL starts from its weights; `reinforge sft` runs it alone.")
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    env: EnvConfig | None = Field(None, description="A multi-turn environment: trajectories are "
+                                  "conversations with it (docs/agents.md). null: single-turn completions.")
 
     @field_validator("recipe")
     @classmethod
@@ -853,6 +897,17 @@ class RunConfig(_Section):
                 f"versions old, beyond algorithm.max_staleness={algo.max_staleness}: raise max_staleness "
                 f"to {rollout.sync_every - 1} or lower sync_every"
             )
+        if self.task.source == "env" and self.env is None:
+            raise ValueError("task.source=env takes its examples from the environment: set env.name")
+        if self.env is not None:
+            if rollout.backend != "hf":
+                raise ValueError("env: multi-turn agents decode with rollout.backend=hf (got "
+                                 f"{rollout.backend!r})")
+            if self.env.turn_rewards == "tokens" and (not needs_of(algo).token_rewards or algo.gamma != 1.0):
+                raise ValueError("env.turn_rewards=tokens needs an estimator that takes token rewards "
+                                 "(algorithm.advantage=reinforce_pp, reinforce_pp_baseline or gae) with "
+                                 f"algorithm.gamma=1 (got {algo.advantage}, gamma={algo.gamma}); or use "
+                                 "env.turn_rewards=sum")
         if algo.mini_batches > self.trainer.prompts_per_step:
             raise ValueError(
                 f"algorithm.mini_batches={algo.mini_batches} splits prompt groups, so it must be "

@@ -23,7 +23,6 @@ outcome + process mixture work on tokens, not steps; they are the two functions 
 
 from __future__ import annotations
 
-import inspect
 
 import torch
 from torch import Tensor
@@ -56,7 +55,8 @@ def register_credit(name: str):
 def credit_options(name: str) -> tuple[str, ...]:
     """The option names (keyword arguments) the rule ``name`` accepts."""
     fn = CREDIT_RULES.lookup(name)
-    return tuple(p.name for p in inspect.signature(fn).parameters.values() if p.kind == p.KEYWORD_ONLY)
+    code = fn.__code__  # keyword-only names follow the positional ones (no inspect: algorithms import only torch)
+    return code.co_varnames[code.co_argcount: code.co_argcount + code.co_kwonlyargcount]
 
 
 def _check(scores: Tensor, step_mask: Tensor) -> tuple[Tensor, Tensor]:

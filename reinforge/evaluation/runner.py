@@ -54,7 +54,10 @@ def generate_and_score(generator, reward_fn, examples: Sequence["Example"], enco
     """``params.num_samples`` completions per example (rows of one prompt contiguous), scored
     row by row; returns (rollout, ``rewards.Scores``). The trainer's ReMax baseline and every
     evaluation go through here."""
-    rollout = generator.generate([encode(e) for e in examples], params)
+    if hasattr(generator, "generate_examples"):  # an agent: the environment renders the prompts
+        rollout = generator.generate_examples(list(examples), params)
+    else:
+        rollout = generator.generate([encode(e) for e in examples], params)
     g = params.num_samples
     per_row = [examples[i // g] for i in range(len(examples) * g)]
     return rollout, reward_fn.score(rollout, per_row)
@@ -91,6 +94,13 @@ def greedy_heldout_eval(
             row["extracted"], row["well_formed"] = x["answers"][0], x["well_formed"][0]
         summary.update(flat_metrics(record))
         summary["guardrails"] = record
+    episodes = getattr(rollout, "episodes", None)
+    if episodes is not None:  # agents: turns used, tool-call validity, the whole trajectory
+        from reinforge.agents import agent_metrics
+
+        summary.update(agent_metrics(episodes))
+        for row, ep in zip(per_prompt, episodes):
+            row["trajectory"] = ep.to_record()
     return summary, per_prompt
 
 
@@ -223,22 +233,24 @@ class EvalSetup:
     reward_fn: Any
     answer_format: str
     guardrails: Guardrails | None = None
+    agent_config: Any = None  # the RunConfig when it has an env section (multi-turn agents)
 
 
 def build_eval_setup(config: "RunConfig", *, max_prompts: int | None = None) -> EvalSetup:
     """Task, held-out examples and reward from ``config`` (cheap: no model is loaded), so a bad
     task or reward fails before the weights load."""
+    from reinforge.agents import build_run_task
     from reinforge.rewards import build_reward
-    from reinforge.tasks import build_task
 
-    task = build_task(config.task)
+    task = build_run_task(config)
     limit = max_prompts if max_prompts is not None else config.trainer.eval_max_prompts
     examples = heldout_examples(task, limit)
     if not examples:
         raise ValueError("the task has no held-out prompts to evaluate (task.eval_size)")
     reward_fn = build_reward(config.reward, task)
     return EvalSetup(task=task, examples=examples, reward_fn=reward_fn, answer_format=config.reward.answer_format,
-                     guardrails=Guardrails.build(task, reward_fn, config.reward, seed=config.trainer.seed))
+                     guardrails=Guardrails.build(task, reward_fn, config.reward, seed=config.trainer.seed),
+                     agent_config=config if config.env else None)
 
 
 def sampled_eval(
@@ -272,17 +284,25 @@ def sampled_eval(
     # (rollout.hf_bf16_copy), so an evaluation here matches the one made during training.
     generator = HFGenerator(model, tokenizer, batch_size=generation_batch_size, autocast_dtype=autocast_dtype,
                             copy_dtype=copy_dtype)
+    reward_fn = setup.reward_fn
+    if setup.agent_config is not None:  # whole trajectories with the run's environment and budgets
+        from reinforge.agents import build_agent
+
+        generator, reward_fn = build_agent(setup.agent_config, generator, reward_fn, setup.task)
     torch.manual_seed(seed)
     params = SamplingParams(num_samples=samples, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens)
     encode = functools.partial(encode_prompt, tokenizer)
-    rollout, scores = generate_and_score(generator, setup.reward_fn, setup.examples, encode, params)
+    rollout, scores = generate_and_score(generator, reward_fn, setup.examples, encode, params)
+    episodes = getattr(rollout, "episodes", None)
     outcomes = scores.outcomes
     lengths = rollout.action_lengths.tolist()
     rows = []
     for i, e in enumerate(setup.examples):
         sl = slice(i * samples, (i + 1) * samples)
         texts, outs = rollout.texts[sl], outcomes[sl]
+        if episodes is not None:  # the answer is in the final turn; votes and logs read it there
+            texts = [ep.final_text for ep in episodes[sl]]
         answers = []
         for t in texts:
             a = extract_answer(t, setup.answer_format)
@@ -298,6 +318,8 @@ def sampled_eval(
             "truncated": [bool(x) for x in rollout.truncated[sl].tolist()],
             "errors": [o.errors for o in outs],
         })
+        if episodes is not None:
+            rows[-1]["trajectories"] = [ep.to_record() for ep in episodes[sl]]
     summary = summarize_samples(rows, n_resamples=n_resamples, seed=seed)
     summary.pop("per_prompt_pass")
     summary.pop("per_prompt_maj")
@@ -312,6 +334,10 @@ def sampled_eval(
             row["well_formed"] = x["well_formed"]
         summary.update(flat_metrics(record))
         summary["guardrails"] = record
+    if episodes is not None:
+        from reinforge.agents import agent_metrics
+
+        summary.update(agent_metrics(episodes))
     return summary, rows
 
 

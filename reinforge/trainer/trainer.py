@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..agents import agent_metrics, build_agent, build_run_task, write_trajectories
 from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, mismatch_stats, needs_of, off_policy_correction
 from ..batch import RolloutBatch, TrainBatch, concat_rollouts
 from ..config import ConfigError, RunConfig
@@ -47,7 +48,7 @@ from ..reward_models.guard import RewardHackingGuard
 from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
 from ..rollout.seeding import seeded_sampling
-from ..tasks import Example, build_task, encode_prompt
+from ..tasks import Example, encode_prompt
 from ..tracking import RunDir
 from ..tracking.checkpoints import list_checkpoints
 from ..tracking.curves import plot_learning_curves
@@ -160,7 +161,7 @@ class Trainer:
         random.seed(cfg.trainer.seed)
         # Cheap failures first: the task, the device and the model path are checked before any
         # weights load.
-        self.task = build_task(cfg.task)
+        self.task = build_run_task(cfg)  # an environment may make its own examples (task.source: env)
         # The curriculum may train on a task made of several (difficulty levels, a mixture).
         self.curriculum = build_curriculum(cfg, self.task)
         self.task = self.curriculum.task
@@ -173,7 +174,9 @@ class Trainer:
         model_path = self.init_model_path or resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
         # Reward models load on the learner's device and place token rewards on the policy's tokens.
-        self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens,
+        # (an agent's length shaping counts against its whole trajectory's budget)
+        self.reward_fn = build_reward(cfg.reward, self.task,
+                                      max_new_tokens=cfg.env.max_tokens if cfg.env else cfg.rollout.max_new_tokens,
                                       device=self.device, policy_tokenizer=self.tokenizer)
         rm_keys = self.reward_fn.reward_model_keys
         self.hacking_guard = (RewardHackingGuard(rm_keys, **cfg.reward.hacking_guard.model_dump(exclude={"enabled"}))
@@ -207,9 +210,12 @@ class Trainer:
         )
         self.learner = Learner(
             self.model, cfg.learner, cfg.algorithm,
-            temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            max_new_tokens=cfg.env.max_tokens if cfg.env else cfg.rollout.max_new_tokens,
             autocast_dtype=self.autocast_dtype, reference_model=reference, critic=critic,
         )
+        if cfg.env is not None:  # multi-turn: trajectories from an environment (docs/agents.md)
+            self.generator, self.reward_fn = build_agent(cfg, self.generator, self.reward_fn, self.task)
         self.sampling = SamplingParams(
             num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -299,7 +305,10 @@ class Trainer:
         examples = [self.train_examples[i] for i in indices]
         sampling = self.sampling if num_samples is None else dataclasses.replace(self.sampling, num_samples=num_samples)
         with seeded_sampling(self.cfg.trainer.seed, *key):
-            rollout = self.generator.generate([self._encode(e) for e in examples], sampling)
+            if self.cfg.env is not None:
+                rollout = self.generator.generate_examples(examples, sampling, record=True)
+            else:
+                rollout = self.generator.generate([self._encode(e) for e in examples], sampling)
         return Collected(rollout, examples, indices)
 
     def score(self, collected: Collected) -> Scores:
@@ -525,6 +534,11 @@ class Trainer:
                              "advantage": float(a if a.dim() == 0 else a[actions[i]].mean() if actions[i].any() else 0.0),
                              "version": int(rollout.versions[i]), "errors": o.errors})
             self.run_dir.log_samples(step, rows)
+        if self.cfg.env is not None:  # every trajectory of the step, whole, and the agent metrics
+            episodes = self.generator.pop_recorded()
+            metrics.update(agent_metrics(episodes))
+            write_trajectories(self.run_dir.path / "trajectories" / f"step_{step:06d}.jsonl",
+                               [e.to_record() for e in episodes])
         return metrics
 
     def train_step(self, step: int) -> dict[str, float]:

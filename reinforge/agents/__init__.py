@@ -1,0 +1,46 @@
+"""Multi-turn tool-using agents: tools from typed functions, environments, and the token-in/
+token-out agent loop that returns the trainer's ``RolloutBatch`` (docs/agents.md)."""
+
+from __future__ import annotations
+
+from reinforge.agents.env import ENVS, Env, EnvSpec, StepResult, ToolEnv, env_factory, env_spec, register_env
+from reinforge.agents.loop import AgentBudgets, AgentGenerator, Episode, TurnRecord
+from reinforge.agents.render import ChatRenderer
+from reinforge.agents.scoring import AgentReward, agent_metrics, turn_returns, write_trajectories
+from reinforge.agents.tools import Tool, ToolCall, ToolExecutor, ToolResult, parse_tool_calls
+
+
+def build_run_task(cfg):
+    """The run's task: the environment's own examples for ``task.source: env``, else the task
+    section's (``tasks.build_task``)."""
+    from reinforge.tasks import build_task
+    from reinforge.tasks.base import TaskError
+
+    if cfg.task.source != "env":
+        return build_task(cfg.task)
+    spec = env_spec(cfg.env.name)
+    if spec.make_task is None:
+        raise TaskError(f"task.source=env but environment {cfg.env.name!r} makes no examples; "
+                        "use a task source (reasoning_gym, file, code) for it")
+    return spec.make_task(cfg.task)
+
+
+def build_agent(cfg, generator, reward_fn, task) -> tuple[AgentGenerator, AgentReward]:
+    """The agent generator (wrapping the run's HF generator) and the trajectory reward, from the
+    config's ``env`` section."""
+    e = cfg.env
+    budgets = AgentBudgets(max_turns=e.max_turns, max_tokens_per_turn=e.max_tokens_per_turn or cfg.rollout.max_new_tokens,
+                           max_tokens=e.max_tokens)
+    agent = AgentGenerator(generator, env_factory(e.name, dict(e.options), task), budgets, tool_format=e.tool_format,
+                           tool_workers=e.tool_workers, overlap_tools=e.overlap_tools)
+    reward = AgentReward(reward_fn, turn_rewards=e.turn_rewards, turn_discount=e.turn_discount,
+                         truncated_reward=e.truncated_reward)
+    return agent, reward
+
+
+__all__ = [
+    "ENVS", "AgentBudgets", "AgentGenerator", "AgentReward", "ChatRenderer", "Env", "EnvSpec", "Episode", "StepResult",
+    "Tool", "ToolCall", "ToolEnv", "ToolExecutor", "ToolResult", "TurnRecord", "agent_metrics", "build_agent",
+    "build_run_task", "env_factory", "env_spec", "parse_tool_calls", "register_env", "turn_returns",
+    "write_trajectories",
+]

@@ -1,0 +1,188 @@
+"""Environments: the gym-like interface over chat messages, the common tool-using case, and the
+registry through which a config names an environment (``env.name``).
+
+    env = ToolEnv(tools=[add, multiply], max_turns=4)
+    messages = env.reset(example)                      # what the model sees first
+    observations, reward, done, info = env.step({"role": "assistant", "content": text})
+
+An environment instance holds one trajectory's state: the agent loop makes a fresh one per
+trajectory (from the registered factory) and calls ``step`` from a worker thread, so the steps of
+a batch's trajectories run concurrently; an instance is never stepped by two threads at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from reinforge.agents.tools import Tool, ToolExecutor, parse_tool_calls
+from reinforge.tasks.base import Example
+
+# Failure kinds of a tool call (tools.ToolResult.error) that are the model's fault: the call was
+# not a valid call. The others ("raised", "timeout") are the tool's.
+INVALID_CALL_KINDS = frozenset({"malformed", "unknown_tool", "bad_arguments"})
+
+
+@dataclass
+class StepResult:
+    """What ``Env.step`` returns (it unpacks as the 4-tuple).
+
+    observations: messages appended after the model's turn (tool results, the environment's reply);
+                  empty when ``done``.
+    reward:       this turn's reward (per-turn rewards; the outcome is usually scored from the
+                  final answer by ``reward.verifiers``).
+    done:         the episode is over (the model gave its final answer, won, or lost).
+    info:         anything to record; the agent loop counts ``tool_calls``, ``invalid_calls`` and
+                  ``tool_errors`` and keeps ``tool_results`` in the trajectory file.
+    """
+
+    observations: list[dict]
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self):
+        return iter((self.observations, self.reward, self.done, self.info))
+
+
+@runtime_checkable
+class Env(Protocol):
+    """An environment over chat messages. ``tools``: JSON schemas shown to the model (through the
+    chat template's ``tools=``, or the fallback format); ``max_turns``: its own turn limit or None
+    (the config's ``env.max_turns`` applies too; the smaller wins)."""
+
+    tools: list[dict]
+    max_turns: int | None
+
+    def reset(self, example: Example) -> list[dict]:
+        """The opening messages (system, user) for ``example``."""
+        ...
+
+    def step(self, message: dict) -> StepResult | tuple[list[dict], float, bool, dict]:
+        """React to the model's turn ``{"role": "assistant", "content": text}``."""
+        ...
+
+
+class ToolEnv:
+    """Answer the task, calling tools as needed: each turn's tool calls are run and their results
+    are the next observation (one ``tool`` message per call); a turn without a tool call is the
+    final answer and ends the episode.
+
+    tools:              functions (with type hints and docstrings) or ``Tool`` objects.
+    max_turns:          model turns at most (the last must be the answer; None: the config's).
+    timeout_s:          each tool call's time limit.
+    max_output_chars:   tool output longer than this is cut, with a visible marker.
+    max_calls_per_turn: calls beyond this in one turn are not run; the model is told so.
+    """
+
+    def __init__(self, tools: Sequence[Tool | Callable[..., Any]], *, max_turns: int | None = None,
+                 timeout_s: float | None = 10.0, max_output_chars: int | None = 2000,
+                 max_calls_per_turn: int = 4):
+        self.executor = ToolExecutor(tools, timeout_s=timeout_s, max_output_chars=max_output_chars)
+        self.tools = self.executor.schemas
+        self.max_turns = max_turns
+        self.max_calls_per_turn = max_calls_per_turn
+        self.example: Example | None = None
+
+    def reset(self, example: Example) -> list[dict]:
+        self.example = example
+        return [dict(m) for m in example.messages]
+
+    def step(self, message: dict) -> StepResult:
+        calls = parse_tool_calls(str(message.get("content", "")))
+        if not calls:
+            return StepResult([], 0.0, True, {"final": True})
+        results = [self.executor.run(c) for c in calls[: self.max_calls_per_turn]]
+        observations = [{"role": "tool", "name": r.name or "", "content": r.content} for r in results]
+        skipped = len(calls) - len(results)
+        if skipped:
+            observations[-1]["content"] += (f"\n(Only {self.max_calls_per_turn} tool calls are run per turn; "
+                                            f"{skipped} more were ignored.)")
+        return StepResult(observations, 0.0, False, {
+            "tool_calls": len(calls),
+            "invalid_calls": sum(r.error in INVALID_CALL_KINDS for r in results) + skipped,
+            "tool_errors": sum(r.error is not None and r.error not in INVALID_CALL_KINDS for r in results),
+            "tool_results": [r.to_dict() for r in results],
+        })
+
+
+def as_step_result(value) -> StepResult:
+    """An env's ``step`` return value as a StepResult (a 4-tuple is accepted)."""
+    if isinstance(value, StepResult):
+        return value
+    try:
+        observations, reward, done, info = value
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"Env.step must return a StepResult or (observations, reward, done, info); got {type(value).__name__}"
+        ) from None
+    return StepResult(list(observations or []), float(reward), bool(done), dict(info or {}))
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A registered environment: ``factory(task, **options) -> Env`` (called once per trajectory,
+    with the run's task); ``make_task(task_config) -> Task`` when the environment makes its own
+    examples (``task.source: env``); ``doc``: one line for errors and docs."""
+
+    name: str
+    factory: Callable[..., Any]
+    make_task: Callable[..., Any] | None = None
+    doc: str = ""
+
+
+ENVS: dict[str, EnvSpec] = {}
+
+
+def register_env(name: str, *, make_task: Callable[..., Any] | None = None):
+    """Register ``factory(task, **options) -> Env`` under ``name`` (a decorator); a config then
+    names it as ``env.name``."""
+
+    def deco(factory):
+        if name in ENVS and ENVS[name].factory is not factory:
+            raise ValueError(f"an environment named {name!r} is already registered")
+        doc = (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
+        ENVS[name] = EnvSpec(name, factory, make_task, doc)
+        return factory
+
+    return deco
+
+
+def env_spec(name: str) -> EnvSpec:
+    """The registered environment ``name``, or for ``module:function`` / ``file.py:function`` that
+    function as the factory (its module may also register further environments)."""
+    from reinforge.agents import envs  # noqa: F401 - registers the bundled environments
+
+    if ":" in name and name not in ENVS:
+        from reinforge.rewards.verifiers import load_callable
+
+        factory = load_callable(name)
+        return ENVS.get(name) or EnvSpec(name, factory, None, (factory.__doc__ or "").strip().split("\n")[0])
+    if name not in ENVS:
+        raise ValueError(f"env.name={name!r} is not a registered environment; registered: "
+                         f"{', '.join(sorted(ENVS))} (or name your factory as 'module:function' or "
+                         "'file.py:function')")
+    return ENVS[name]
+
+
+def env_factory(name: str, options: dict[str, Any], task) -> Callable[[], Any]:
+    """A no-argument function making a fresh environment for one trajectory. One environment is
+    made here, so bad options fail before any model loads."""
+    spec = env_spec(name)
+
+    def make():
+        env = spec.factory(task, **options)
+        for attr in ("reset", "step"):
+            if not callable(getattr(env, attr, None)):
+                raise TypeError(f"environment {name!r} has no {attr}() method (see reinforge.agents.Env)")
+        return env
+
+    try:
+        make()
+    except TypeError as err:
+        raise ValueError(f"env.options for environment {name!r}: {err}") from None
+    return make

@@ -1,0 +1,238 @@
+"""An OpenAI-compatible ``/v1/chat/completions`` endpoint on the loopback interface, in front of
+the HF rollout engine, recording the exact token ids and log-probs behind every response, so that
+an agent written against the OpenAI client produces trajectories reinforge can train on.
+
+    with CompletionServer(generator) as server:      # http://127.0.0.1:<port>/v1
+        run_my_agent(base_url=server.url, api_key="unused")
+    batch = server.rollout()                          # one row per conversation, token-in/token-out
+
+Token-in/token-out across requests: a request whose messages begin with a conversation this server
+already answered (the same messages and the assistant message it returned) continues that
+conversation's token ids: the sampled tokens as they were sampled, then only the new messages'
+tokens, rendered as the agent loop renders observations (reinforge/agents/render.py). Anything else
+starts a new conversation from the chat template. Each request re-prefills its context (the
+engine keeps no cache between HTTP calls).
+
+Tool calls: the request's ``tools`` are shown as the agent loop shows them (the template's
+``tools=``, else the fallback system prompt), and ``<tool_call>{json}</tool_call>`` in the sampled
+text is returned as OpenAI ``tool_calls`` (``finish_reason: "tool_calls"``). Requests are served one
+at a time (one engine).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+from reinforge.agents.render import ChatRenderer
+from reinforge.agents.tools import TOOL_CALL, parse_tool_calls
+from reinforge.batch import RolloutBatch
+from reinforge.rollout.base import SamplingParams
+from reinforge.rollout.hf import left_pad
+
+
+@dataclass
+class Conversation:
+    """What the server sampled for one chain of requests: prompt ids, then every token after it,
+    ``action_mask`` True on the sampled ones, ``logprobs`` their sampling log-probs."""
+
+    messages: list[dict]
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    action_mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    extended: bool = False  # a later request continued it
+
+
+def _canonical(message: dict) -> str:
+    """A message as compared across requests: role, text and tool calls (clients add fields)."""
+    calls = [{"name": c.get("function", {}).get("name"), "arguments": _json_args(c.get("function", {}).get("arguments"))}
+             for c in message.get("tool_calls") or []]
+    return json.dumps({"role": message.get("role"), "content": message.get("content") or "", "tool_calls": calls},
+                      sort_keys=True)
+
+
+def _json_args(args):
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return args
+
+
+class CompletionServer:
+    """Serves ``/v1/chat/completions`` (and ``/v1/models``) on 127.0.0.1:``port`` (0: a free
+    port) with an ``HFGenerator``. ``max_tokens``: the default and the cap of a response."""
+
+    def __init__(self, generator, *, port: int = 0, max_tokens: int = 256, tool_format: str = "auto",
+                 model_name: str = "reinforge-policy"):
+        self.generator = generator
+        self.tokenizer = generator.tokenizer
+        self.renderer = ChatRenderer(self.tokenizer, tool_format)
+        self.max_tokens = max_tokens
+        self.model_name = model_name
+        self.conversations: list[Conversation] = []
+        self._by_key: dict[str, Conversation] = {}
+        self._engine = threading.Lock()
+        server = self
+        self._http = ThreadingHTTPServer(("127.0.0.1", port), _handler(server))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
+
+    def start(self) -> "CompletionServer":
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True, name="reinforge-openai")
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+    def __enter__(self) -> "CompletionServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- one request ----------------------------------------------------------------------------
+    def complete(self, request: dict) -> dict:
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("'messages' must be a non-empty list of chat messages")
+        tools = request.get("tools") or None
+        n = int(request.get("n", 1))
+        if n != 1:
+            raise ValueError("n > 1 is not supported: send one request per sample")
+        max_tokens = min(int(request.get("max_tokens") or request.get("max_completion_tokens") or self.max_tokens),
+                         self.max_tokens)
+        temperature = float(request.get("temperature", 1.0))
+        params = SamplingParams(num_samples=1, temperature=max(temperature, 1e-6), top_p=float(request.get("top_p", 1.0)),
+                                max_new_tokens=max_tokens, greedy=temperature == 0.0)
+        keys = [_canonical(m) for m in messages]
+        parent, cut = None, 0
+        for k in range(len(keys), 0, -1):  # the longest answered conversation this one continues
+            parent = self._by_key.get("\n".join(keys[:k]))
+            if parent is not None:
+                cut = k
+                break
+        with self._engine:
+            if parent is not None:
+                stop = self.tokenizer.decode(parent.token_ids[-1:]) if parent.token_ids else None
+                obs = self.renderer.observation_ids([_plain(m) for m in messages[cut:]], stop)
+                conv = Conversation(list(messages), list(parent.prompt_ids), parent.token_ids + obs,
+                                    parent.action_mask + [False] * len(obs), parent.logprobs + [0.0] * len(obs))
+                parent.extended = True
+            else:
+                conv = Conversation(list(messages), self.renderer.prompt_ids([_plain(m) for m in messages], tools))
+            out = self.generator.generate([conv.prompt_ids + conv.token_ids], params)
+        k = int(out.completion_mask[0].sum())
+        sampled = out.completion_ids[0, :k].tolist()
+        lps = out.sampler_logprobs[0, :k].tolist()
+        conv.token_ids += sampled
+        conv.action_mask += [True] * k
+        conv.logprobs += lps
+        text = self.tokenizer.decode(sampled, skip_special_tokens=True)
+        calls = [c for c in parse_tool_calls(text) if c.error is None]
+        message: dict = {"role": "assistant", "content": TOOL_CALL.sub("", text).strip() if calls else text}
+        if calls:
+            message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                                      "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                                     for c in calls]
+        finish = "length" if bool(out.truncated[0]) else ("tool_calls" if calls else "stop")
+        conv.messages.append(message)
+        self.conversations.append(conv)
+        self._by_key["\n".join(keys + [_canonical(message)])] = conv
+        choice = {"index": 0, "message": message, "finish_reason": finish}
+        if request.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp}
+                                              for t, lp in zip(sampled, lps)]}
+        prompt_len = len(conv.prompt_ids) + len(conv.token_ids) - k
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name, "choices": [choice],
+                "usage": {"prompt_tokens": prompt_len, "completion_tokens": k, "total_tokens": prompt_len + k},
+                # Not OpenAI's: the exact ids behind this response (vLLM's return_token_ids does the same).
+                "prompt_token_ids": conv.prompt_ids + conv.token_ids[:-k] if k else conv.prompt_ids + conv.token_ids,
+                "completion_token_ids": sampled}
+
+    # -- what to train on -----------------------------------------------------------------------
+    def finished(self) -> list[Conversation]:
+        """The conversations no later request continued (whole trajectories), in order."""
+        return [c for c in self.conversations if not c.extended]
+
+    def rollout(self, conversations: list[Conversation] | None = None, group_index: torch.Tensor | None = None) -> RolloutBatch:
+        """A RolloutBatch of ``conversations`` (default: ``finished()``), one row each, with the
+        sampled tokens in the action mask and the rest as context."""
+        convs = self.finished() if conversations is None else conversations
+        pad = self.generator.pad_id
+        prompt_ids, prompt_mask = left_pad([c.prompt_ids for c in convs], pad)
+        width = max((len(c.token_ids) for c in convs), default=0)
+        n = len(convs)
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        cmask = torch.zeros((n, width), dtype=torch.bool)
+        amask = torch.zeros((n, width), dtype=torch.bool)
+        lps = torch.zeros((n, width), dtype=torch.float32)
+        for i, c in enumerate(convs):
+            m = len(c.token_ids)
+            ids[i, :m] = torch.tensor(c.token_ids, dtype=torch.long)
+            cmask[i, :m] = True
+            amask[i, :m] = torch.tensor(c.action_mask, dtype=torch.bool)
+            lps[i, :m] = torch.tensor(c.logprobs, dtype=torch.float32)
+        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=cmask,
+                            action_mask=amask, sampler_logprobs=lps, truncated=torch.zeros(n, dtype=torch.bool),
+                            group_index=torch.arange(n) if group_index is None else group_index,
+                            texts=self.tokenizer.batch_decode([c.token_ids for c in convs], skip_special_tokens=True),
+                            versions=torch.full((n,), self.generator.version, dtype=torch.long))
+
+
+def _plain(message: dict) -> dict:
+    """A client's message as the chat template takes it (tool calls shown as the model wrote them)."""
+    out = {"role": message.get("role", "user"), "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        calls = "".join(f"<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': _json_args(c['function'].get('arguments'))})}</tool_call>"
+                        for c in message["tool_calls"])
+        out["content"] = (out["content"] + calls).strip()
+    return out
+
+
+def _handler(server: CompletionServer):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def _send(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+        def do_POST(self) -> None:
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                return
+            try:
+                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if request.get("stream"):
+                    raise ValueError("stream=true is not supported")
+                self._send(200, server.complete(request))
+            except (ValueError, TypeError, KeyError) as err:
+                self._send(400, {"error": {"message": str(err), "type": "invalid_request_error"}})
+
+    return Handler
