@@ -101,7 +101,8 @@ def test_difficulty_schedule_moves_up_a_level_in_a_run(tmp_path, tiny_model_dir)
 
 @pytest.mark.parametrize("strategy, extra", [
     ("greso", ["task.train_size=3", "curriculum.greso_p_init=0.3", "curriculum.success_threshold=0.1"]),
-    ("mixture", ["curriculum.mixture_adapt=true", "curriculum.success_threshold=0.1",
+    # seed 1: this tiny model's successes differ between the tasks within 4 steps, so the weights move
+    ("mixture", ["trainer.seed=1", "curriculum.mixture_adapt=true", "curriculum.success_threshold=0.1",
                  "curriculum.mixture=[{task: {name: count_bits}, weight: 2}, {task: {name: leg_counting}}]"]),
 ])
 def test_resume_makes_the_same_curriculum_choices(tmp_path, tiny_model_dir, strategy, extra):

@@ -58,7 +58,13 @@ class AgentReward:
     def error_count(self) -> int:
         return self.reward_fn.error_count
 
-    def score(self, rollout, examples: Sequence) -> Scores:
+    @property
+    def reward_model_keys(self):
+        return self.reward_fn.reward_model_keys
+
+    def score(self, rollout, examples: Sequence, learn: bool = False) -> Scores:
+        """``learn`` is RewardFunction.score's (PRIME's implicit PRM updates on training batches);
+        agent rewards score final answers through ``reward_fn``'s verifiers, which do not learn."""
         episodes = getattr(rollout, "episodes", None)
         if episodes is None or len(episodes) != len(rollout):
             raise ValueError("agent rewards score rollouts from AgentGenerator.generate_examples (rows with episodes)")
