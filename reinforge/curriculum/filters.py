@@ -20,6 +20,23 @@ def _int_keys(d: dict[str, Any]) -> dict[int, Any]:
     return {int(k): v for k, v in d.items()}
 
 
+def _sample_skipping(cur: Curriculum, k: int, skip) -> list[int]:
+    """``k`` prompts from ``cur``'s epoch sampler, passing over those ``skip(i)`` rejects, with at
+    most one epoch of skips per call (``skip`` is not asked after that), so a step always gets its
+    prompts even when nearly every prompt would be skipped. Counts go to the step's metrics."""
+    out: list[int] = []
+    skipped = 0
+    while len(out) < k:
+        i = cur.sampler.next(1)[0]
+        if skipped < cur.sampler.n and skip(i):
+            skipped += 1
+            continue
+        out.append(i)
+    cur._step["prompts"] += len(out)
+    cur._step["skipped"] += skipped
+    return out
+
+
 class DifficultyFilter(Curriculum):
     """Online difficulty filtering ("Online Difficulty Filtering for Reasoning Oriented
     Reinforcement Learning", Bae et al., 2025, arXiv:2504.03380; PRIME's online prompt filter,
@@ -46,20 +63,8 @@ class DifficultyFilter(Curriculum):
     def sample(self, k: int) -> list[int]:
         if not self.skip_known:
             return super().sample(k)
-        out: list[int] = []
-        skipped = 0
-        while len(out) < k:
-            i = self.sampler.next(1)[0]
-            rate = self.last_pass.get(i)
-            # At most one epoch of skips per call: when nearly every prompt is outside the band,
-            # the step still gets its prompts.
-            if rate is not None and not self._in_band(rate) and skipped < self.sampler.n:
-                skipped += 1
-                continue
-            out.append(i)
-        self._step["prompts"] += len(out)
-        self._step["skipped"] += skipped
-        return out
+        return _sample_skipping(self, k, lambda i: self.last_pass.get(i) is not None
+                                and not self._in_band(self.last_pass[i]))
 
     def keep(self, rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
         rates = [c / m for c, m, _ in group_outcomes(rewards, group_index, self.success_threshold)]
@@ -112,19 +117,11 @@ class Greso(Curriculum):
         return max(self.p[kind] ** z, GRESO_MIN_KEEP)
 
     def sample(self, k: int) -> list[int]:
-        out: list[int] = []
-        skipped = 0
-        while len(out) < k:
-            i = self.sampler.next(1)[0]
+        def skip(i: int) -> bool:
             prob = self.keep_probability(i)
-            # At most one epoch of skips per call, so a step always gets its prompts.
-            if prob < 1.0 and skipped < self.sampler.n and self.rng.random() >= prob:
-                skipped += 1
-                continue
-            out.append(i)
-        self._step["prompts"] += len(out)
-        self._step["skipped"] += skipped
-        return out
+            return prob < 1.0 and self.rng.random() >= prob
+
+        return _sample_skipping(self, k, skip)
 
     def keep(self, rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
         return informative_groups(rewards, group_index)
