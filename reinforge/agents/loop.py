@@ -153,6 +153,26 @@ def _jsonable(v) -> bool:
 _SAMPLE, _FEED, _WAIT, _PREFILL, _DONE = range(5)
 
 
+def pad_trajectories(trajectories, pad_id: int) -> dict[str, torch.Tensor]:
+    """RolloutBatch's tensors for rows with ``prompt_ids``, ``token_ids`` (everything after the
+    prompt, appended turn by turn), ``action_mask`` and ``logprobs``: prompts left-padded, the
+    rest right-padded; the agent loop and the OpenAI endpoint both build their batches here."""
+    prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
+    width = max((len(t.token_ids) for t in trajectories), default=0)
+    n = len(trajectories)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    cmask = torch.zeros((n, width), dtype=torch.bool)
+    amask = torch.zeros((n, width), dtype=torch.bool)
+    lps = torch.zeros((n, width), dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        k = len(t.token_ids)
+        ids[i, :k] = torch.tensor(t.token_ids, dtype=torch.long)
+        cmask[i, :k] = True
+        amask[i, :k] = torch.tensor(t.action_mask, dtype=torch.bool)
+        lps[i, :k] = torch.tensor(t.logprobs, dtype=torch.float32)
+    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=cmask,
+                action_mask=amask, sampler_logprobs=lps)
+
 class _Row:
     def __init__(self, env, episode: Episode, seed: int):
         self.env = env
@@ -258,21 +278,10 @@ class AgentGenerator:
         return min(self.budgets.max_turns, own) if own else self.budgets.max_turns
 
     def _batch(self, episodes: list[Episode], group_index: torch.Tensor) -> RolloutBatch:
-        pad = self.pad_id
-        prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad)
-        width = max((len(e.token_ids) for e in episodes), default=0)
         n = len(episodes)
-        ids = torch.full((n, width), pad, dtype=torch.long)
-        cmask = torch.zeros((n, width), dtype=torch.bool)
-        amask = torch.zeros((n, width), dtype=torch.bool)
-        lps = torch.zeros((n, width), dtype=torch.float32)
+        tensors = pad_trajectories(episodes, self.pad_id)
         segments = []
-        for i, e in enumerate(episodes):
-            k = len(e.token_ids)
-            ids[i, :k] = torch.tensor(e.token_ids, dtype=torch.long)
-            cmask[i, :k] = True
-            amask[i, :k] = torch.tensor(e.action_mask, dtype=torch.bool)
-            lps[i, :k] = torch.tensor(e.logprobs, dtype=torch.float32)
+        for e in episodes:
             segs = []
             for t in e.turns:
                 segs.append(Segment("assistant", t.start, t.end, t.text))
@@ -283,8 +292,7 @@ class AgentGenerator:
             segments.append(segs)
         texts = self.tokenizer.batch_decode([e.token_ids for e in episodes], skip_special_tokens=True)
         return RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=cmask,
-            action_mask=amask, sampler_logprobs=lps, truncated=torch.tensor([e.truncated for e in episodes]),
+            **tensors, truncated=torch.tensor([e.truncated for e in episodes]),
             group_index=group_index, texts=texts,
             versions=torch.full((n,), self.version, dtype=torch.long), segments=segments,
         )

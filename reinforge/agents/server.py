@@ -30,11 +30,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+from reinforge.agents.loop import pad_trajectories
 from reinforge.agents.render import ChatRenderer
 from reinforge.agents.tools import TOOL_CALL, parse_tool_calls
 from reinforge.batch import RolloutBatch
 from reinforge.rollout.base import SamplingParams
-from reinforge.rollout.hf import left_pad
 
 
 @dataclass
@@ -173,22 +173,8 @@ class CompletionServer:
         """A RolloutBatch of ``conversations`` (default: ``finished()``), one row each, with the
         sampled tokens in the action mask and the rest as context."""
         convs = self.finished() if conversations is None else conversations
-        pad = self.generator.pad_id
-        prompt_ids, prompt_mask = left_pad([c.prompt_ids for c in convs], pad)
-        width = max((len(c.token_ids) for c in convs), default=0)
         n = len(convs)
-        ids = torch.full((n, width), pad, dtype=torch.long)
-        cmask = torch.zeros((n, width), dtype=torch.bool)
-        amask = torch.zeros((n, width), dtype=torch.bool)
-        lps = torch.zeros((n, width), dtype=torch.float32)
-        for i, c in enumerate(convs):
-            m = len(c.token_ids)
-            ids[i, :m] = torch.tensor(c.token_ids, dtype=torch.long)
-            cmask[i, :m] = True
-            amask[i, :m] = torch.tensor(c.action_mask, dtype=torch.bool)
-            lps[i, :m] = torch.tensor(c.logprobs, dtype=torch.float32)
-        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=cmask,
-                            action_mask=amask, sampler_logprobs=lps, truncated=torch.zeros(n, dtype=torch.bool),
+        return RolloutBatch(**pad_trajectories(convs, self.generator.pad_id), truncated=torch.zeros(n, dtype=torch.bool),
                             group_index=torch.arange(n) if group_index is None else group_index,
                             texts=self.tokenizer.batch_decode([c.token_ids for c in convs], skip_special_tokens=True),
                             versions=torch.full((n,), self.generator.version, dtype=torch.long))
