@@ -603,7 +603,7 @@ def _add_experiment_commands(sub) -> None:
     ev.add_argument("--config", help="config file for a bare model (task, reward, sampling)")
     ev.add_argument("--task", help="reasoning-gym task name, or a data file (sets task.source=file)")
     ev.add_argument("--samples", type=int, default=8, help="completions per prompt, N (default 8)")
-    ev.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
+    ev.add_argument("--temperature", type=float, help="sampling temperature, 0 for greedy decoding (default: rollout.temperature)")
     ev.add_argument("--top-p", type=float, help="nucleus sampling (default: rollout.top_p)")
     ev.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
     ev.add_argument("--max-prompts", type=int, help="evaluate the first M held-out prompts only")

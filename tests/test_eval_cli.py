@@ -106,6 +106,18 @@ def test_loaded_final_model_reproduces_the_trainers_last_greedy_eval(setup):
     assert summary["guardrails"] == rd.read_evals()[-1]["guardrails"]
 
 
+def test_temperature_zero_is_greedy_and_matches_the_trainers_held_out_eval(setup):
+    # --temperature 0 once divided the logits by zero and sampled garbage from NaNs
+    _, run = setup
+    assert main(["eval", str(run), "--samples", "1", "--temperature", "0", *FAST]) == 0
+    rd = RunDir.open(run)
+    (label,) = [x for x in sampled_eval_labels(rd) if x.startswith("final_n1_T0_")]
+    rows = read_sampled_eval(rd, label)[1]
+    trainer_eval = {r["id"]: r["completion"] for r in rd.read_eval_details(2)}
+    assert {r["id"]: r["completions"][0] for r in rows} == trainer_eval
+    assert main(["eval", str(run), "--samples", "1", "--temperature", "-1", *FAST]) == 1
+
+
 def test_eval_of_a_bare_model_makes_an_eval_directory(setup, capsys, tmp_path):
     root, _ = setup
     args = ["eval", str(root / "tiny-model"), "--config", str(root / "base.yaml"), "--samples", "2",

@@ -280,6 +280,8 @@ def sampled_eval(
 
     if samples < 1:
         raise ValueError(f"--samples must be at least 1, got {samples}")
+    if temperature < 0:
+        raise ValueError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
     # ``copy_dtype``: decode with a copy in that dtype, as the trainer's generator does
     # (rollout.hf_bf16_copy), so an evaluation here matches the one made during training.
     generator = HFGenerator(model, tokenizer, batch_size=generation_batch_size, autocast_dtype=autocast_dtype,
@@ -290,8 +292,9 @@ def sampled_eval(
 
         generator, reward_fn = build_agent(setup.agent_config, generator, reward_fn, setup.task)
     torch.manual_seed(seed)
-    params = SamplingParams(num_samples=samples, temperature=temperature, top_p=top_p,
-                            max_new_tokens=max_new_tokens)
+    # temperature 0 means greedy decoding (dividing logits by 0 would sample from NaNs)
+    params = SamplingParams(num_samples=samples, temperature=temperature if temperature > 0 else 1.0,
+                            top_p=top_p, max_new_tokens=max_new_tokens, greedy=temperature == 0)
     encode = functools.partial(encode_prompt, tokenizer)
     rollout, scores = generate_and_score(generator, reward_fn, setup.examples, encode, params)
     episodes = getattr(rollout, "episodes", None)

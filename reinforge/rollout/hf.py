@@ -45,6 +45,9 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     """[B, V] float32 log-probs of the distribution a token is drawn from: logits / temperature,
     then top-p. Greedy decoding records temperature-1 log-probs (and takes their argmax)."""
     scores = logits.float()
+    if not params.greedy and params.temperature <= 0:
+        raise ValueError(f"temperature must be positive when sampling, got {params.temperature}; "
+                         "set greedy=True for greedy decoding")
     if not params.greedy:
         if params.temperature != 1.0:
             scores = scores / params.temperature
