@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -401,12 +402,21 @@ def _eval(args: argparse.Namespace) -> int:
         if args.output_dir:
             cfg.tracking.output_dir = args.output_dir
         cfg.tracking.run_name = None  # a training run's name from the config file is not this directory's
-        rd = RunDir.create(cfg, name=args.name, kind="eval")
+        try:
+            rd = RunDir.create(cfg, name=args.name, kind="eval")
+        except FileExistsError:
+            raise ConfigError(f"eval directory {Path(cfg.tracking.output_dir) / args.name} already exists: pass it "
+                              "as MODEL_OR_RUN to add this evaluation to it, or choose another --name") from None
     try:
         summary, _, folder = _run_sampled_eval(cfg, source, rd, params, args)
     except BaseException as err:
         if created:
-            rd.set_status("failed", reason=f"{type(err).__name__}: {err}")
+            from .tracking.sampled_evals import sampled_eval_labels
+
+            if sampled_eval_labels(rd):
+                rd.set_status("failed", reason=f"{type(err).__name__}: {err}")
+            else:  # nothing was evaluated (bad task options, a missing model): leave no empty directory
+                shutil.rmtree(rd.path, ignore_errors=True)
         raise
     if created:
         rd.set_status("finished")

@@ -139,6 +139,20 @@ def test_eval_of_a_bare_model_makes_an_eval_directory(setup, capsys, tmp_path):
     assert "finished (eval)" in capsys.readouterr().out
 
 
+def test_a_failed_bare_eval_leaves_no_directory_and_a_taken_name_is_a_clear_error(setup, capsys, tmp_path):
+    root, _ = setup
+    base = ["eval", str(root / "tiny-model"), "--config", str(root / "base.yaml"), "--samples", "1",
+            "--output-dir", str(tmp_path), "--name", "ev", *FAST]
+    assert main(base + ["task.eval_size=100000"]) == 1  # more held-out prompts than the task has
+    assert "task.eval_size" in capsys.readouterr().err
+    assert not (tmp_path / "ev").exists()
+    assert main(base + ["task.eval_size=4"]) == 0
+    capsys.readouterr()
+    assert main(base + ["task.eval_size=4"]) == 2  # a config error
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--name" in err and "Traceback" not in err
+
+
 def test_boundary_between_base_model_and_run(setup, capsys):
     root, run = setup
     assert main(["eval", "--boundary", str(root / "tiny-model"), str(run), "--samples", "4", *FAST]) == 0
