@@ -6,7 +6,7 @@ The variants alternate (sync, async K=1, async K=2, sync, ...) in fresh `reinfor
 subprocesses, so drift in the machine's speed hits all alike; each async variant's tokens/s is
 reported as its ratio to the sync run of the same round (median and range over rounds).
 
-    python benchmarks/bench_async.py configs/main.yaml trainer.steps=6 --repeats 3
+    python benchmarks/bench_async.py configs/count_bits.yaml trainer.steps=6 --repeats 3
 
 Sync runs the worker and the learner with all cores each (they take turns); async gives each one
 core (`--async-threads`), since they run at the same time. The first ``--warmup`` steps are left

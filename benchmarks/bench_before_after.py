@@ -9,7 +9,7 @@ allocation), the ratio of the two commits' median step times for each neighbouri
 (reported as the median ratio and its range), tokens/s, and whether every step's rewards, losses and generated-token counts equal
 the other commit's (the same seed should give the same numbers when a change keeps behaviour).
 
-    python benchmarks/bench_before_after.py --before f0928c7 --after HEAD configs/main.yaml \\
+    python benchmarks/bench_before_after.py --before f0928c7 --after HEAD configs/count_bits.yaml \\
         trainer.steps=7 --repeats 3
 
 Overrides after the config are passed to ``reinforge train`` for both commits; evaluation and

@@ -11,8 +11,11 @@ rows), extended turn by turn instead of re-prefilling the conversation:
   real token sits at the step's last position and one logit row per row is computed. Masked slots
   stay in the cache as holes the attention mask hides;
 - when a row ends a turn, its environment step is submitted to a thread pool and the row waits
-  (its cache slot receives masked holes) while the other rows keep decoding; its observation joins
-  the next forward after it arrives. The steps of a batch's trajectories run concurrently;
+  (its cache slot receives masked holes) while the other rows keep decoding. A forward costs rows
+  x width, so observations are fed together: once the rows with an observation ready are at least
+  as many as the rows decoding (or no row is decoding). Feeding each as it arrived padded every
+  decoding row to the observation's width and made extension slower than re-prefilling
+  (docs/benchmarks.md). The steps of a batch's trajectories run concurrently;
 - finished rows leave the cache once they are an eighth of it, and once holes are half the cache
   each row's real slots are gathered together (no forward pass: cached keys carry their rotary
   positions).
@@ -212,6 +215,7 @@ class AgentGenerator:
         self.renderer = ChatRenderer(self.tokenizer, tool_format)
         self.overlap_tools = overlap_tools
         self.kv_reuse = kv_reuse
+        self.compact_slack = 32  # holes tolerated beyond half the cache before compacting
         self.pool = ThreadPoolExecutor(max_workers=max(1, tool_workers), thread_name_prefix="reinforge-env")
         self.recorded: list[Episode] = []
         self.compactions = 0  # times the cache's holes were squeezed out (see _decode)
@@ -395,9 +399,16 @@ class AgentGenerator:
             # Holes (slots of rows that waited, or fed fewer tokens than the widest) cost attention
             # in every later step: once they are half the cache, each row's real slots are moved
             # together (a gather of the cached keys and values: no forward pass).
-            if attn.shape[1] >= 2 * int(attn.sum(dim=1).max()) + 32:
+            if attn.shape[1] >= 2 * int(attn.sum(dim=1).max()) + self.compact_slack:
                 attn = self._compact(cache, attn)
-            # 4. One forward: each feeding row's tokens right-aligned, the rest masked holes.
+            # 4. One forward: each feeding row's tokens right-aligned, the rest masked holes. A
+            # forward costs rows x width, so an observation fed beside single sampled tokens pads
+            # every decoding row to its width: observations wait (one hole per step) until they
+            # are at least as many as the decoding rows, then go in together.
+            decoding = [k for k in feeding if len(rows[slots[k]].feed) == 1]
+            observing = [k for k in feeding if len(rows[slots[k]].feed) > 1]
+            if observing and decoding and len(observing) < len(decoding):
+                feeding = decoding
             width = max(len(rows[slots[k]].feed) for k in feeding)
             n = len(slots)
             inp = torch.full((n, width), self.pad_id, dtype=torch.long)
