@@ -221,6 +221,9 @@ def test_sft_resume_equals_an_uninterrupted_run(root, capsys):
     rd = RunDir.open(cut.run_dir)
     assert [e["step"] for e in rd.read_evals()] == [0, 4] and rd.status()["state"] == "finished"
     assert "Supervised fine-tuning" in (cut.run_dir / "summary.md").read_text()
+    # SFT's held-out evaluations carry the same guardrails as RL's (best constant answer, verdict)
+    assert all("best_constant" in e["guardrails"] for e in rd.read_evals())
+    assert "Guardrails at step 4" in (cut.run_dir / "summary.md").read_text()
 
 
 def test_lora_sft_saves_a_whole_model_that_rl_and_eval_start_from(root):

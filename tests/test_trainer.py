@@ -84,6 +84,11 @@ def test_reward_rises_on_tiny_model(tmp_path, tiny_model_dir):
     phases = ("collect", "score", "prepare", "update", "sync")
     assert all(m[f"time_{p}"] > 0 for p in phases) and m["time_log"] >= 0
     assert m["time_step"] == pytest.approx(sum(m[f"time_{p}"] for p in phases))
+    # Right and wrong completions' mean lengths average back to the step's mean length.
+    for m in rd.read_metrics():
+        acc = m["accuracy"]
+        parts = acc * m.get("completion_length_correct", 0.0) + (1 - acc) * m.get("completion_length_incorrect", 0.0)
+        assert parts == pytest.approx(m["completion_length"], rel=1e-6), m["step"]
     # Every logged sample records the weight version that sampled it: the policy after step - 1.
     samples = [json.loads(line) for line in (rd.path / "samples.jsonl").read_text().splitlines()]
     assert {s["step"] - s["version"] for s in samples} == {1}

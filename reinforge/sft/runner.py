@@ -37,6 +37,7 @@ import torch
 from ..batch import TrainBatch
 from ..config import AlgorithmConfig, RunConfig
 from ..evaluation.runner import greedy_heldout_eval
+from ..evaluation.guardrails import Guardrails
 from ..learner import Learner
 from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
 from ..rewards import build_reward
@@ -139,6 +140,7 @@ class SFTRunner:
             eval_examples = eval_examples[: cfg.trainer.eval_max_prompts]
         self.eval_examples = list(eval_examples)
         self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens)
+        self.guardrails = Guardrails.build(self.task, self.reward_fn, cfg.reward, seed=cfg.trainer.seed)
         if sft.source == "task":
             self.demos = demos_from_task(self.task, num_examples=sft.num_examples,
                                          answer_format=cfg.reward.answer_format, solution_keys=sft.solution_keys)
@@ -211,6 +213,7 @@ class SFTRunner:
         summary, per_prompt = greedy_heldout_eval(
             self.generator, self.reward_fn, self.eval_examples, self._encode,
             max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.trainer.seed,
+            guardrails=self.guardrails,
         )
         self.run_dir.log_eval(step, summary, per_prompt)
         return summary

@@ -521,6 +521,13 @@ class Trainer:
             **prepared.info,
             **stats,
         }
+        # Mean length of right and of wrong completions apart: GRPO's per-sequence normalisation
+        # lets wrong answers grow longer (Liu et al. 2025, arXiv:2503.20783, their Figure 5).
+        correct = torch.tensor([bool(o.correct) for o in outcomes], dtype=torch.bool)
+        if len(correct) == len(lengths):
+            for key, sel in (("completion_length_correct", correct), ("completion_length_incorrect", ~correct)):
+                if sel.any():
+                    metrics[key] = float(lengths[sel].mean())
         if self.hacking_guard is not None:
             metrics.update(self.hacking_guard.observe(step, metrics))
         k = min(self.cfg.trainer.samples_to_log, len(rollout))
