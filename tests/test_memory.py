@@ -79,6 +79,16 @@ def test_estimate_by_hand():
     assert est.learner["activations"] == 100 * L * H * 4 + 100 * (10 * H + 2 * KV + 4 * I) * 4
 
 
+def test_agent_trajectories_are_budgeted_by_env_max_tokens():
+    # an agent's rows hold every turn and observation: env.max_tokens, not rollout.max_new_tokens
+    single = estimate_memory(_cfg(), SHAPE, prompt_tokens=12)
+    agent = estimate_memory(_cfg("env={name: calculator, max_tokens: 200}"), SHAPE, prompt_tokens=12)
+    assert agent.generation["kv_cache"] == L * 2 * KV * (12 + 200) * 8 * 4
+    assert agent.generation["kv_cache"] > single.generation["kv_cache"]
+    assert agent.learner["activations"] >= single.learner["activations"]
+    assert "lower env.max_tokens (now 200)" in agent.advice
+
+
 def test_guard_warns_naming_the_setting(tiny_model_dir, caplog):
     # a step of 4096 prompts x 4 samples x 64 tokens in micro-batches of a million tokens:
     # activations dominate, ~10 GB on a tiny model

@@ -10,8 +10,8 @@ the parameters counted on the meta device: nothing is allocated) and the run's s
 - a frozen reference copy when the algorithm needs a reference (a KL term) and LoRA is off, and a
   critic (a full trained copy) when it needs one: both read from ``algorithms.needs_of``, the
   declaration the trainer reads too;
-- generation: the KV cache, layers x 2 x kv_heads x head_dim x (prompt + max_new_tokens) x
-  generation_batch_size, plus a few [batch, vocab] float32 score tensors;
+- generation: the KV cache, layers x 2 x kv_heads x head_dim x (prompt + max_new_tokens, or an
+  agent's env.max_tokens) x generation_batch_size, plus a few [batch, vocab] float32 score tensors;
 - the learner: the activations kept for the backward of one micro-batch of
   ``learner.micro_batch_tokens`` tokens (or the whole step's, when fewer) (per token and layer about 10 x hidden + 2 x kv_dim +
   4 x intermediate float32 values, calibrated on SmolLM2-135M; only the layer inputs under
@@ -144,7 +144,9 @@ def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEsti
     g = cfg.rollout.num_samples
     rows = cfg.trainer.prompts_per_step * g
     gen_rows = min(rows, max(g, cfg.rollout.generation_batch_size // g * g))  # chunks hold whole groups
-    seq = prompt_tokens + cfg.rollout.max_new_tokens
+    # tokens after the prompt: an agent's trajectory (env:) holds every turn and observation
+    after = cfg.env.max_tokens if getattr(cfg, "env", None) else cfg.rollout.max_new_tokens
+    seq = prompt_tokens + after
     if cfg.rollout.backend == "vllm":
         # The engine's own weights (in model.dtype) and the KV cache it reserves up front.
         kv_gb = cfg.rollout.vllm_kv_cache_gb
@@ -162,7 +164,7 @@ def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEsti
         }
 
     # A micro-batch holds at most the token budget, and at most the whole step's rollout.
-    c = cfg.rollout.max_new_tokens
+    c = after
     share = cfg.learner.share_prompt_prefix and not cfg.model.gradient_checkpointing
     step_tokens = cfg.trainer.prompts_per_step * prompt_tokens + rows * c if share else rows * (prompt_tokens + c)
     tokens = min(cfg.learner.micro_batch_tokens, step_tokens)
@@ -212,6 +214,9 @@ def _advice(cfg, est: MemoryEstimate) -> list[str]:
         "critic": ["use a critic-free algorithm.advantage ("
                    + ", ".join(n for n in ADVANTAGE_ESTIMATORS if not ADVANTAGE_ESTIMATORS.needs(n).critic) + ")"],
     }
+    if getattr(cfg, "env", None):  # agent trajectories: their token budget sets both
+        for name in ("activations", "kv_cache", "logits"):
+            tips[name] = [f"lower env.max_tokens (now {cfg.env.max_tokens})", *tips[name]]
     out: list[str] = []
     for _, name in sorted(((v, k) for k, v in parts.items() if v), reverse=True):
         for tip in tips.get(name, []):
