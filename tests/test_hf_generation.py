@@ -198,15 +198,24 @@ def test_trainer_with_bf16_copy_syncs_and_logs_mismatch_without_extra_forward(tm
     cfg = test_trainer._config(tmp_path, tiny_model_dir, "model.dtype=bfloat16", "trainer.steps=2",
                                "trainer.eval_every=0", "trainer.eval_at_start=false", "learner.lr=1e-2")
     trainer = Trainer(cfg)
+    at_close = {}
+    close = HFGenerator.close
+
+    def recording_close(self):  # the run closes its generator at the end: look at the copy first
+        at_close.update({k: v.clone() for k, v in self.engine.state_dict().items()})
+        close(self)
+
+    monkeypatch.setattr(HFGenerator, "close", recording_close)
     result = trainer.run()
     assert trainer.generator.needs_sync
+    assert trainer.generator.engine is None  # the bf16 copy was freed with the run
     assert calls == []  # the mismatch came from the update's own forward pass
     metrics = RunDir.open(result.run_dir).read_metrics()
     for m in metrics:
         assert 0 <= m["logprob_diff_mean"] <= m["logprob_diff_max"] < 0.5
         assert m["time_sync"] >= 0
     for name, p in trainer.model.state_dict().items():  # synced after the last update
-        assert torch.equal(trainer.generator.engine.state_dict()[name], p.to(torch.bfloat16)), name
+        assert torch.equal(at_close[name], p.to(torch.bfloat16)), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -596,8 +596,11 @@ class Trainer:
                         raise
                     raise reported from err
         finally:
-            if getattr(self, "source", None) is not None:
-                self.source.close()
+            # the workers, then this process's generator (a vLLM engine's KV cache, the bf16 copy,
+            # an agent loop's tool threads): a sweep runs many trainers in one process
+            for held in (getattr(self, "source", None), getattr(self, "generator", None)):
+                if held is not None:
+                    held.close()
             if self.run_dir is not None:
                 self.run_dir.release_writer()
 
