@@ -357,6 +357,8 @@ class SFTRunner:
                 plan_resume(self.run_dir, self.cfg, new_segment=self._new_segment)
             return self._run(resume_command)
         finally:
+            if getattr(self, "generator", None) is not None:  # its copy or engine, as the trainer does
+                self.generator.close()
             if self.run_dir is not None:
                 self.run_dir.release_writer()
 
