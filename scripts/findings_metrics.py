@@ -76,11 +76,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument("--baseline", default="grpo")
+    ap.add_argument("--include-unfinished", action="store_true", help="also use runs that did not finish")
     args = ap.parse_args()
     arms: dict[str, dict[str, list]] = defaultdict(lambda: {"seeds": [], "rows": []})
     for run in sorted(p for p in args.sweep_dir.iterdir() if (p / "metrics.jsonl").is_file()):
         match = re.fullmatch(r"(.+)-seed(\d+)", run.name)
         if not match:
+            continue
+        state = json.loads((run / "status.json").read_text()).get("state") if (run / "status.json").is_file() else None
+        if state != "finished" and not args.include_unfinished:
+            print(f"skipping {run.name}: {state or 'no status'} (--include-unfinished uses it)", file=sys.stderr)
             continue
         arms[match[1]]["seeds"].append(int(match[2]))
         arms[match[1]]["rows"].append(_read(run))
