@@ -443,3 +443,33 @@ def test_two_trainer_steps_with_a_prm_verifier_and_reinforce_pp_token_rewards(tm
     # the PRM's aggregate is logged, not added: the scalar reward is the task verifier's alone
     for s in captured:
         assert [o.reward for o in s.outcomes] == [o.components["task"] for o in s.outcomes]
+
+
+def test_a_run_with_an_implicit_prm_resumes_exactly(tmp_path, tiny_model_dir):
+    """PRIME's implicit PRM changes during the run: its weights and optimiser are checkpointed, so
+    resuming from step 2 gives the uninterrupted run's rewards (they used to restart from path)."""
+    from reinforge.trainer import Trainer
+
+    def cfg(name, steps):
+        return build_config({}, [
+            f"model.path={tiny_model_dir}", "task.name=basic_arithmetic", "task.train_size=8", "task.eval_size=2",
+            f"reward.verifiers=[{{name: task}}, {{name: implicit_prm, options: {{path: '{tiny_model_dir}', "
+            "beta: 0.5, lr: 0.01}}]",
+            "algorithm.advantage=reinforce_pp", "algorithm.scale_rewards=none",
+            "rollout.num_samples=2", "rollout.max_new_tokens=6", "trainer.prompts_per_step=2", f"trainer.steps={steps}",
+            "trainer.eval_every=0", "trainer.checkpoint_every=2", "trainer.seed=1",
+            f"tracking.output_dir={tmp_path / 'runs'}", f"tracking.run_name={name}", "tracking.progress=false",
+        ])
+
+    straight = Trainer(cfg("straight", 4)).run()
+    half = Trainer(cfg("cut", 2)).run()
+    rd = RunDir.open(half.run_dir)
+    Trainer(build_config(rd.load_config(), ["trainer.steps=4"]), run_dir=rd, resume=True).run()
+    a, b = RunDir.open(straight.run_dir).read_metrics(), rd.read_metrics()
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    # the implicit PRM learned in steps 1-2 (its outcome probability moved), and step 3-4's
+    # rewards after the resume are the uninterrupted run's
+    assert a[0]["reward/implicit_prm"] != a[2]["reward/implicit_prm"]
+    for x, y in zip(a, b):
+        for key in ("reward/implicit_prm", "loss", "reward_mean"):
+            assert x[key] == y[key], (key, x["step"], x[key], y[key])

@@ -62,6 +62,12 @@ class AgentReward:
     def reward_model_keys(self):
         return self.reward_fn.reward_model_keys
 
+    def state_dict(self):
+        return self.reward_fn.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.reward_fn.load_state_dict(state)
+
     def score(self, rollout, examples: Sequence, learn: bool = False) -> Scores:
         """``learn`` is RewardFunction.score's (PRIME's implicit PRM updates on training batches);
         agent rewards score final answers through ``reward_fn``'s verifiers, which do not learn."""

@@ -365,8 +365,8 @@ class ImplicitPRMVerifier(RewardModelVerifier):
     update:      update it online from outcome labels (default true; false: a fixed implicit PRM).
     batch_size:  trajectories per forward pass.
 
-    Its weights and optimiser are not in the run's checkpoints: a resumed run restarts it from
-    ``path``."""
+    Its weights and optimiser are in the run's checkpoints (``state_dict``), so a resumed run
+    continues with the implicit PRM it had, not a fresh one from ``path``."""
 
     name = "implicit_prm"
     OPTIONS = ("path", "beta", "lr", "update", "batch_size")
@@ -413,6 +413,17 @@ class ImplicitPRMVerifier(RewardModelVerifier):
                 out.append(VerifierResult(_sigmoid(sum(tokens)), None, {}, token_rewards=tokens, in_reward=False))
         return out
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the online-updated model's weights (CPU copies) and its AdamW
+        state. The frozen reference is ``path`` itself."""
+        return {"weights": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(), "last_loss": self.last_loss}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["weights"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.last_loss = state.get("last_loss")
+
     def learn_from_outcomes(self, trajectories: Sequence[Trajectory], examples: Sequence[Example], correct: torch.Tensor) -> None:
         """One optimiser step of PRIME's cross-entropy on this batch's outcome labels."""
         if not self.update or not len(trajectories):
@@ -433,7 +444,7 @@ class ImplicitPRMVerifier(RewardModelVerifier):
             # Each chunk's mean loss weighted by its share, so the step equals one whole-batch loss.
             loss = implicit_prm_loss(lp_phi, lp_ref, mask & actions.to(mask.device), labels, beta=self.beta) * len(chunk) / n
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         self.optimizer.step()
         self.model.eval()
         self.last_loss = total

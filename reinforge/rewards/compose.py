@@ -168,6 +168,20 @@ class RewardFunction:
         """Component names of the reward-model verifiers (what the reward-hacking guard watches)."""
         return [key for key, verifier, _, _ in self._entries if getattr(verifier, "is_reward_model", False)]
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the verifiers that change during a run (PRIME's implicit PRM), by component
+        key; empty when none does. A run's checkpoints keep it."""
+        return {key: verifier.state_dict() for key, verifier, _, _ in self._entries if hasattr(verifier, "state_dict")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        keys = {key for key, verifier, _, _ in self._entries if hasattr(verifier, "state_dict")}
+        if set(state) != keys:
+            raise ValueError(f"the checkpoint holds the state of reward components {sorted(state)} but this run's "
+                             f"reward has {sorted(keys)}: resume with the reward.verifiers the run was started with")
+        for key, verifier, _, _ in self._entries:
+            if key in state:
+                verifier.load_state_dict(state[key])
+
     def score(self, rollout: RolloutBatch, examples: Sequence[Example], *, learn: bool = False) -> Scores:
         """Score every row of ``rollout`` (``examples``: one per row) and shape the rewards by the
         number of tokens the model wrote. ``learn`` (training batches only): verifiers that learn

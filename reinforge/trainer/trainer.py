@@ -246,7 +246,11 @@ class Trainer:
             record_segment(self.run_dir, self.cfg, 0)
             return
         data = load_checkpoint(ckpt)  # DamagedCheckpointError names an unreadable file
-        self.learner.load_state_dict({"weights": data["weights"], **data["optimizer"]})
+        learner_state = dict(data["optimizer"])
+        reward_state = learner_state.pop("reward_models", {})
+        self.learner.load_state_dict({"weights": data["weights"], **learner_state})
+        if hasattr(self.reward_fn, "load_state_dict"):  # verifiers that learn during the run
+            self.reward_fn.load_state_dict(reward_state)
         # The optimiser state brings back the saved rates: an accepted new lr must win over it.
         apply_optimizer_settings(self.learner, self.cfg)
         set_rng_state(data["rng"])
@@ -266,6 +270,9 @@ class Trainer:
         """Checkpoint the state after ``step``. ``start_of_next``: the (RNG, curriculum) states
         taken when the next step began, for a step that was abandoned after changing them."""
         state = self.learner.state_dict()
+        reward_state = self.reward_fn.state_dict() if hasattr(self.reward_fn, "state_dict") else {}
+        if reward_state:  # verifiers that learn during the run (PRIME's implicit PRM)
+            state["reward_models"] = reward_state
         rng, sampler = start_of_next if start_of_next is not None else (None, self._curriculum_state())
         with self._stop.critical():  # a second Ctrl-C/SIGTERM waits for the write to end
             save_checkpoint(
