@@ -473,3 +473,17 @@ def test_a_run_with_an_implicit_prm_resumes_exactly(tmp_path, tiny_model_dir):
     for x, y in zip(a, b):
         for key in ("reward/implicit_prm", "loss", "reward_mean"):
             assert x[key] == y[key], (key, x["step"], x[key], y[key])
+    # a checkpoint without the implicit PRM's state (written before it was saved) still resumes:
+    # the PRM starts from its path, as it used to
+    from reinforge.tracking.checkpoints import list_checkpoints
+    from reinforge.tracking.checkpoints import file_digest
+
+    ckpt = list_checkpoints(rd.path)[-1][1]
+    opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    assert "implicit_prm" in opt.pop("reward_models")
+    torch.save(opt, ckpt / "optimizer.pt")
+    state = json.loads((ckpt / "state.json").read_text())
+    state["files"]["optimizer.pt"] = file_digest(ckpt / "optimizer.pt")
+    (ckpt / "state.json").write_text(json.dumps(state))
+    Trainer(build_config(rd.load_config(), ["trainer.steps=5"]), run_dir=rd, resume=True).run()
+    assert [m["step"] for m in rd.read_metrics()] == [1, 2, 3, 4, 5]

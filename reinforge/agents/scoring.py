@@ -62,6 +62,10 @@ class AgentReward:
     def reward_model_keys(self):
         return self.reward_fn.reward_model_keys
 
+    def learn(self, rollout, examples, outcomes) -> None:
+        """Agent rewards score final answers through ``reward_fn``'s verifiers, which do not learn
+        here (an implicit PRM stays fixed in agent runs)."""
+
     def state_dict(self):
         return self.reward_fn.state_dict()
 

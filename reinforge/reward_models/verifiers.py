@@ -391,6 +391,7 @@ class ImplicitPRMVerifier(RewardModelVerifier):
         self.device = device
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr)
         self.last_loss: float | None = None
+        self.steps_taken = 0
 
     def _rows(self, trajectories):
         return [(list(t.prompt_ids), list(t.token_ids)) for t in trajectories]
@@ -413,16 +414,21 @@ class ImplicitPRMVerifier(RewardModelVerifier):
                 out.append(VerifierResult(_sigmoid(sum(tokens)), None, {}, token_rewards=tokens, in_reward=False))
         return out
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict | None:
         """What a checkpoint keeps: the online-updated model's weights (CPU copies) and its AdamW
-        state. The frozen reference is ``path`` itself."""
+        state; None until it has taken a step (it is then ``path`` itself, as is the frozen
+        reference), so a fixed implicit PRM adds nothing to checkpoints."""
+        if not self.steps_taken:
+            return None
         return {"weights": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": self.optimizer.state_dict(), "last_loss": self.last_loss}
+                "optimizer": self.optimizer.state_dict(), "last_loss": self.last_loss,
+                "steps_taken": self.steps_taken}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["weights"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.last_loss = state.get("last_loss")
+        self.steps_taken = int(state.get("steps_taken", 1))
 
     def learn_from_outcomes(self, trajectories: Sequence[Trajectory], examples: Sequence[Example], correct: torch.Tensor) -> None:
         """One optimiser step of PRIME's cross-entropy on this batch's outcome labels."""
@@ -448,6 +454,7 @@ class ImplicitPRMVerifier(RewardModelVerifier):
         self.optimizer.step()
         self.model.eval()
         self.last_loss = total
+        self.steps_taken += 1
 
 
 VERIFIERS: dict[str, type[RewardModelVerifier]] = {

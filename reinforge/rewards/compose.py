@@ -168,19 +168,42 @@ class RewardFunction:
         """Component names of the reward-model verifiers (what the reward-hacking guard watches)."""
         return [key for key, verifier, _, _ in self._entries if getattr(verifier, "is_reward_model", False)]
 
+    def learn(self, rollout: RolloutBatch, examples: Sequence[Example], outcomes: Sequence[RewardOutcome]) -> None:
+        """Verifiers that learn online from outcome labels (PRIME's implicit PRM:
+        ``learn_from_outcomes``) take one step on this scored batch. The trainer calls it in the
+        update phase, after the batch was scored and never in a step that may be abandoned, so a
+        checkpoint never holds a reward model that learned from a batch the policy did not."""
+        learners = [v for _, v, _, _ in self._entries if hasattr(v, "learn_from_outcomes")]
+        if not learners:
+            return
+        trajectories = [rollout.trajectory(i) for i in range(len(rollout))]
+        correct = torch.tensor([float(o.correct) for o in outcomes])
+        for verifier in learners:
+            verifier.learn_from_outcomes(trajectories, examples, correct)
+
     def state_dict(self) -> dict[str, Any]:
         """The state of the verifiers that change during a run (PRIME's implicit PRM), by component
         key; empty when none does. A run's checkpoints keep it."""
-        return {key: verifier.state_dict() for key, verifier, _, _ in self._entries if hasattr(verifier, "state_dict")}
+        out = {}
+        for key, verifier, _, _ in self._entries:
+            state = verifier.state_dict() if hasattr(verifier, "state_dict") else None
+            if state is not None:  # None: nothing changed since it was loaded from its path
+                out[key] = state
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        keys = {key for key, verifier, _, _ in self._entries if hasattr(verifier, "state_dict")}
-        if set(state) != keys:
-            raise ValueError(f"the checkpoint holds the state of reward components {sorted(state)} but this run's "
-                             f"reward has {sorted(keys)}: resume with the reward.verifiers the run was started with")
-        for key, verifier, _, _ in self._entries:
+        """Restore ``state_dict()``'s output. A learning verifier with no saved state (a checkpoint
+        from before it learned, or a new segment that added it) starts from its path; saved state
+        of a verifier this reward no longer has is dropped. Both are logged."""
+        stateful = {key: v for key, v, _, _ in self._entries if hasattr(v, "load_state_dict")}
+        for key, verifier in stateful.items():
             if key in state:
                 verifier.load_state_dict(state[key])
+            elif getattr(verifier, "update", False):
+                logger.info("reward component %r: no saved state in the checkpoint, it starts from its path", key)
+        for key in sorted(set(state) - set(stateful)):
+            logger.warning("the checkpoint holds the state of reward component %r, which this run's reward.verifiers "
+                        "no longer has: dropped", key)
 
     def score(self, rollout: RolloutBatch, examples: Sequence[Example], *, learn: bool = False) -> Scores:
         """Score every row of ``rollout`` (``examples``: one per row) and shape the rewards by the
@@ -190,10 +213,7 @@ class RewardFunction:
         trajectories = [rollout.trajectory(i) for i in range(len(rollout))]
         outcomes = self(rollout.texts, examples, trajectories)
         if learn:
-            correct = torch.tensor([float(o.correct) for o in outcomes])
-            for _, verifier, _, _ in self._entries:
-                if hasattr(verifier, "learn_from_outcomes"):
-                    verifier.learn_from_outcomes(trajectories, examples, correct)
+            self.learn(rollout, examples, outcomes)
         rewards = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
         shaped = rewards if self.shaping is None else rewards + self.shaping(rollout.action_lengths)
         token = None

@@ -322,7 +322,7 @@ class Trainer:
         """The reward function's scores of every row (verifier rewards, shaped rewards, token
         rewards)."""
         rows = [collected.examples[int(g)] for g in collected.rollout.group_index]
-        return self.reward_fn.score(collected.rollout, rows, learn=True)
+        return self.reward_fn.score(collected.rollout, rows)
 
     def gather(self, timer: PhaseTimer, step: int = 0) -> Scored:
         """Rounds of collect and score until the curriculum has ``prompts_per_step`` groups it
@@ -566,6 +566,10 @@ class Trainer:
                 prepared = self.prepare(scored)
         with timer("update"):
             stats = self.update(prepared, step)
+            if self.source is None and hasattr(self.reward_fn, "learn"):
+                # reward models that learn online (PRIME) step on the batch just trained on; here,
+                # not while scoring, so an abandoned step leaves them as they were
+                self.reward_fn.learn(scored.rollout, scored.row_examples, scored.scores.outcomes)
         with timer("sync"):
             self.sync(step)
         t_log = time.perf_counter()
@@ -605,11 +609,16 @@ class Trainer:
         finally:
             # the workers, then this process's generator (a vLLM engine's KV cache, the bf16 copy,
             # an agent loop's tool threads): a sweep runs many trainers in one process
-            for held in (getattr(self, "source", None), getattr(self, "generator", None)):
-                if held is not None:
-                    held.close()
-            if self.run_dir is not None:
-                self.run_dir.release_writer()
+            try:
+                for held in (getattr(self, "source", None), getattr(self, "generator", None)):
+                    if held is not None:
+                        try:
+                            held.close()
+                        except Exception as err:  # noqa: BLE001 - never mask how the run ended
+                            log.warning("closing %s failed: %s", type(held).__name__, err)
+            finally:
+                if self.run_dir is not None:
+                    self.run_dir.release_writer()
 
     def _interrupted(self, step: int) -> RunResult:
         rd = self.run_dir
