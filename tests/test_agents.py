@@ -682,3 +682,29 @@ def test_squeezing_the_caches_holes_keeps_every_logprob():
                    budgets=AgentBudgets(max_turns=6, max_tokens_per_turn=20, max_tokens=400)).generate_examples(
         _examples(4), SamplingParams(num_samples=2))
     assert [e.token_ids for e in again.episodes] == [e.token_ids for e in batch.episodes]
+
+
+def test_observations_wait_to_be_fed_together_instead_of_widening_every_decode_step():
+    """A forward costs rows x width: an observation fed beside single sampled tokens pads every
+    decoding row to its width. Observations are held until they are at least as many as the
+    decoding rows, so every wide forward (an observation in it) feeds at least as many
+    observations as it pads decoding rows."""
+    tok = make_tokenizer()
+    model = eos_biased_model(tok, bias=2.0)
+    widths = []
+    model.register_forward_pre_hook(lambda _m, args, kwargs: widths.append(
+        (kwargs["input_ids"].shape[1], kwargs["attention_mask"][:, -kwargs["input_ids"].shape[1]:].clone())),
+        with_kwargs=True)
+    agent = _agent(model, tok, lambda: EchoEnv(turns=4), overlap_tools=False,
+                   budgets=AgentBudgets(max_turns=4, max_tokens_per_turn=24, max_tokens=300))
+    torch.manual_seed(0)
+    batch = agent.generate_examples(_examples(6), SamplingParams(num_samples=2))
+    observations = sum(max(len(e.turns) - 1, 0) for e in batch.episodes)
+    wide = []
+    for width, new in widths[1:]:  # the first forward is the prefill
+        if width > 1:
+            fed = new.sum(dim=1)
+            wide.append((int((fed > 1).sum()), int((fed == 1).sum())))
+    assert observations >= 10 and wide, (observations, [e.truncation for e in batch.episodes])
+    assert all(obs >= dec for obs, dec in wide), wide  # never one observation beside many decoding rows
+    assert sum(obs for obs, _ in wide) == observations
