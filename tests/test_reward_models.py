@@ -233,12 +233,12 @@ def test_implicit_prm_rewards_start_at_zero_and_learn_from_outcomes(tiny_model_d
     assert z[0] > 0.5 and z[2] > 0.5 and z[1] < 0.5 and z[3] < 0.5
     # the implicit outcome is sigmoid of the summed token rewards
     assert z[0] == pytest.approx(1 / (1 + math.exp(-float(after.token_rewards[0].sum()))), abs=1e-5)
-    # RewardFunction.score(learn=True) updates it with the verifiers' verdicts; learn=False never does
+    # RewardFunction.learn updates it with the verifiers' verdicts; scoring alone never does
     before = [p.clone() for p in prm.model.parameters()][0]
     fn.score(rollout, examples)
     assert torch.equal(before, next(prm.model.parameters()))
     fn2 = RewardFunction([(prm, 1.0), (ExactMatchVerifier(answer_format="raw"), 1.0)])
-    fn2.score(rollout, examples, learn=True)
+    fn2.learn(rollout, examples, fn2.score(rollout, examples).outcomes)
     assert not torch.equal(before, next(prm.model.parameters()))
 
 

@@ -72,9 +72,7 @@ class AgentReward:
     def load_state_dict(self, state) -> None:
         self.reward_fn.load_state_dict(state)
 
-    def score(self, rollout, examples: Sequence, learn: bool = False) -> Scores:
-        """``learn`` is RewardFunction.score's (PRIME's implicit PRM updates on training batches);
-        agent rewards score final answers through ``reward_fn``'s verifiers, which do not learn."""
+    def score(self, rollout, examples: Sequence) -> Scores:
         episodes = getattr(rollout, "episodes", None)
         if episodes is None or len(episodes) != len(rollout):
             raise ValueError("agent rewards score rollouts from AgentGenerator.generate_examples (rows with episodes)")

@@ -205,15 +205,11 @@ class RewardFunction:
             logger.warning("the checkpoint holds the state of reward component %r, which this run's reward.verifiers "
                         "no longer has: dropped", key)
 
-    def score(self, rollout: RolloutBatch, examples: Sequence[Example], *, learn: bool = False) -> Scores:
+    def score(self, rollout: RolloutBatch, examples: Sequence[Example]) -> Scores:
         """Score every row of ``rollout`` (``examples``: one per row) and shape the rewards by the
-        number of tokens the model wrote. ``learn`` (training batches only): verifiers that learn
-        online from the outcome labels (PRIME's implicit PRM: ``learn_from_outcomes``) update
-        after scoring, so a batch is scored by the model that has not seen its labels."""
+        number of tokens the model wrote. Verifiers that learn online update in ``learn``."""
         trajectories = [rollout.trajectory(i) for i in range(len(rollout))]
         outcomes = self(rollout.texts, examples, trajectories)
-        if learn:
-            self.learn(rollout, examples, outcomes)
         rewards = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
         shaped = rewards if self.shaping is None else rewards + self.shaping(rollout.action_lengths)
         token = None
