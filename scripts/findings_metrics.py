@@ -6,7 +6,10 @@ Per run, from metrics.jsonl:
   late (last third) (DAPO's clip-higher claim, Cui et al. 2025's entropy collapse);
 - length of wrong completions, early and late, and its change (Dr. GRPO's length-bias claim);
 - the share of groups whose rewards all agree, as rolled out (curriculum/zero_variance_frac) and as
-  reaching the update (uniform_group_frac), and samples generated per step (DAPO's dynamic sampling).
+  reaching the update (uniform_group_frac), and samples generated per step (DAPO's dynamic sampling);
+- compute (configs/sweep_curriculum.yaml): prompts a curriculum skipped per step, generated tokens and
+  wall time summed over the steps, and generated tokens per point of held-out accuracy gained
+  (evals.jsonl: last evaluation minus the step-0 one; n/a when nothing was gained).
 
 Per arm (runs named <arm>-seed<k>): the mean over seeds, each seed's value, and the difference to
 the baseline arm with a 95% bootstrap interval over seeds (unpaired: arms resample their own seeds;
@@ -47,7 +50,14 @@ def _window(rows: list[dict], key: str, part: str) -> float:
     return float(np.mean(vals[:k] if part == "early" else vals[-k:]))
 
 
-def run_measures(rows: list[dict]) -> dict[str, float]:
+def _gain(run: Path) -> float:
+    path = run / "evals.jsonl"
+    evals = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    evals = [e for e in evals if "accuracy" in e]
+    return float(evals[-1]["accuracy"] - evals[0]["accuracy"]) if len(evals) >= 2 else float("nan")
+
+
+def run_measures(rows: list[dict], run: Path) -> dict[str, float]:
     m = {
         "entropy_early": _window(rows, "entropy", "early"),
         "entropy_late": _window(rows, "entropy", "late"),
@@ -56,7 +66,14 @@ def run_measures(rows: list[dict]) -> dict[str, float]:
         "zero_var_rolled_out": float(np.mean([r.get("curriculum/zero_variance_frac", r["uniform_group_frac"]) for r in rows])),
         "zero_var_in_update": float(np.mean([r["uniform_group_frac"] for r in rows])),
         "samples_per_step": float(np.mean([r.get("curriculum/samples_spent", np.nan) for r in rows])),
+        "prompts_skipped_per_step": float(np.mean([r.get("curriculum/prompts_skipped", 0.0) for r in rows])),
+        "generated_tokens": float(sum(r.get("sampled_tokens", r.get("generated_tokens", 0.0)) for r in rows)),
+        "wall_time_s": float(sum(r.get("time_step", 0.0) for r in rows)),
+        "heldout_gain": _gain(run),
     }
+    gain = m["heldout_gain"]
+    # per point (0.01) of held-out accuracy; undefined when the run gained nothing
+    m["tokens_per_point_gained"] = m["generated_tokens"] / (100 * gain) if gain > 0 else float("nan")
     m["wrong_len_change"] = m["wrong_len_late"] - m["wrong_len_early"]
     m["entropy_change"] = m["entropy_late"] - m["entropy_early"]
     return m
@@ -78,7 +95,7 @@ def main() -> None:
     ap.add_argument("--baseline", default="grpo")
     ap.add_argument("--include-unfinished", action="store_true", help="also use runs that did not finish")
     args = ap.parse_args()
-    arms: dict[str, dict[str, list]] = defaultdict(lambda: {"seeds": [], "rows": []})
+    arms: dict[str, dict[str, list]] = defaultdict(lambda: {"seeds": [], "rows": [], "runs": []})
     for run in sorted(p for p in args.sweep_dir.iterdir() if (p / "metrics.jsonl").is_file()):
         match = re.fullmatch(r"(.+)-seed(\d+)", run.name)
         if not match:
@@ -89,9 +106,10 @@ def main() -> None:
             continue
         arms[match[1]]["seeds"].append(int(match[2]))
         arms[match[1]]["rows"].append(_read(run))
+        arms[match[1]]["runs"].append(run)
     if args.baseline not in arms:
         raise SystemExit(f"no runs of the baseline arm {args.baseline!r} in {args.sweep_dir} (arms: {sorted(arms)})")
-    measures = {arm: [run_measures(rows) for rows in d["rows"]] for arm, d in arms.items()}
+    measures = {arm: [run_measures(rows, run) for rows, run in zip(d["rows"], d["runs"])] for arm, d in arms.items()}
     keys = list(next(iter(measures.values()))[0])
     lines = [f"# Training-side measures of `{args.sweep_dir}`", "",
              f"Per arm: mean over seeds (each seed's value); difference to `{args.baseline}` with a 95% "
