@@ -308,8 +308,8 @@ def _resolve_eval_target(target: str, args: argparse.Namespace, overrides: list[
         raise ConfigError("--checkpoint needs a run directory as the target")
     model_path = _model_target(target)
     raw: dict = {}
-    if args.config:
-        raw = load_config(args.config).to_dict()
+    if args.config:  # a train-rm config names the policy that samples: its `rm:` section is not eval's
+        raw = load_config(args.config, ignore_sections=("rm",)).to_dict()
     cfg = build_config(_eval_raw_config(raw, args, model_path=model_path), overrides + never_export)
     return cfg, ModelSource.base(model_path), None
 

@@ -1030,7 +1030,10 @@ def validate_config(raw: dict[str, Any]) -> RunConfig:
         raise ConfigError(_format_validation_error(err)) from None
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+def load_config(path: str | Path | None, overrides: list[str] | None = None, *,
+                ignore_sections: tuple[str, ...] = ()) -> RunConfig:
+    """The RunConfig of a YAML file plus `key=value` overrides. `ignore_sections` are top-level
+    sections another command owns (`rm:` of a train-rm config, read by `reinforge eval`)."""
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -1042,4 +1045,5 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections")
+        raw = {k: v for k, v in raw.items() if k not in ignore_sections}
     return build_config(raw, overrides)

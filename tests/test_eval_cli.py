@@ -153,6 +153,25 @@ def test_a_failed_bare_eval_leaves_no_directory_and_a_taken_name_is_a_clear_erro
     assert "already exists" in err and "--name" in err and "Traceback" not in err
 
 
+def test_a_bare_eval_reads_a_train_rm_config_and_leaves_its_rm_section(setup, tmp_path):
+    # a train-rm config names the policy that samples; `reinforge eval --config` of it once failed
+    # with "rm: unknown key"
+    root, _ = setup
+    raw = yaml.safe_load((root / "base.yaml").read_text())
+    raw["rm"] = {"kind": "prm", "train_prompts": 4}
+    (tmp_path / "rm.yaml").write_text(yaml.safe_dump(raw))
+    args = ["eval", str(root / "tiny-model"), "--config", str(tmp_path / "rm.yaml"), "--samples", "1",
+            "--output-dir", str(tmp_path / "evals"), "task.eval_size=3", *FAST]
+    assert main(args) == 0
+    (eval_dir,) = (tmp_path / "evals").iterdir()
+    assert "rm" not in yaml.safe_load((eval_dir / "config.yaml").read_text())
+    (label,) = sampled_eval_labels(RunDir.open(eval_dir))
+    assert read_sampled_eval(RunDir.open(eval_dir), label)[0]["n_prompts"] == 3
+    # outside eval the section is still refused: a typo there must not pass silently
+    with pytest.raises(Exception, match="rm"):
+        build_config(raw)
+
+
 def test_boundary_between_base_model_and_run(setup, capsys):
     root, run = setup
     assert main(["eval", "--boundary", str(root / "tiny-model"), str(run), "--samples", "4", *FAST]) == 0
