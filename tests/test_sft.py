@@ -63,6 +63,33 @@ def test_worked_solutions_precede_the_answer_and_still_score():
     assert bare[0].response == f"<answer>{task.train_examples()[0].answer}</answer>"
 
 
+def test_chain_sum_worked_solutions_script_writes_demos_the_verifier_accepts(tmp_path):
+    """scripts/chain_sum_demos.py (the PRM warm start, docs/reward_models.md): one line per
+    operation, the prompt exactly as the task renders it, and an answer the verifier accepts."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    raw = {"task": {"source": "reasoning_gym", "name": "chain_sum", "train_size": 30, "eval_size": 5, "seed": 1,
+                    "options": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 2},
+                    "prompt_suffix": "\nSolve it step by step."},
+           "reward": {"answer_format": "tags", "verifiers": [{"name": "exact_match"}]}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "chain_sum_demos.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path / "c.yaml"), "--n", "20", "--out",
+                    str(tmp_path / "d.jsonl")], check=True, capture_output=True)
+    demos = demos_from_file(tmp_path / "d.jsonl")
+    task = ReasoningGymTask("chain_sum", train_size=30, eval_size=5, seed=1,
+                            options=raw["task"]["options"], prompt_format=PromptFormat(suffix="\nSolve it step by step."))
+    examples = list(task.train_examples()[:20])
+    assert [d.messages for d in demos] == [e.messages for e in examples]
+    reward = build_reward(RewardConfig(answer_format="tags"), task)
+    assert all(o.correct for o in reward([d.response for d in demos], examples))
+    for d, e in zip(demos, examples):  # one line per operation, then the answer
+        assert len(d.response.splitlines()) == e.metadata["metadata"]["num_terms"]
+
+
 def _write(path: Path, rows: list) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
