@@ -7,8 +7,8 @@ Per run, from metrics.jsonl:
 - length of wrong completions, early and late, and its change (Dr. GRPO's length-bias claim);
 - the share of groups whose rewards all agree, as rolled out (curriculum/zero_variance_frac) and as
   reaching the update (uniform_group_frac), and samples generated per step (DAPO's dynamic sampling);
-- compute (configs/sweep_curriculum.yaml): prompts a curriculum skipped per step, generated tokens and
-  wall time summed over the steps, and generated tokens per point of held-out accuracy gained
+- compute (configs/sweep_curriculum.yaml): prompts a curriculum skipped per step, generated tokens,
+  tokens that reached the update and wall time summed over the steps, and generated tokens per point of held-out accuracy gained
   (evals.jsonl: last evaluation minus the step-0 one; n/a when nothing was gained).
 
 Per arm (runs named <arm>-seed<k>): the mean over seeds, each seed's value, and the difference to
@@ -68,6 +68,8 @@ def run_measures(rows: list[dict], run: Path) -> dict[str, float]:
         "samples_per_step": float(np.mean([r.get("curriculum/samples_spent", np.nan) for r in rows])),
         "prompts_skipped_per_step": float(np.mean([r.get("curriculum/prompts_skipped", 0.0) for r in rows])),
         "generated_tokens": float(sum(r.get("sampled_tokens", r.get("generated_tokens", 0.0)) for r in rows)),
+        # the tokens of the rows that reached the update (a curriculum drops all-equal groups)
+        "trained_tokens": float(sum(r.get("generated_tokens", 0.0) for r in rows)),
         "wall_time_s": float(sum(r.get("time_step", 0.0) for r in rows)),
         "heldout_gain": _gain(run),
     }
