@@ -1,10 +1,10 @@
 """Worked-solution demonstrations for reasoning-gym's chain_sum, for an SFT warm start
 (`sft.source: file`): one line per operation, left to right, then the answer in tags, the format
-of configs/train_rm_prm.yaml's few-shot example. Made from the config's *training* examples
+of configs/chain_sum_sft.yaml's few-shot example. Made from the config's *training* examples
 (never held-out ones), with the prompt exactly as training and evaluation render it (system
 prompt, few-shot turns, suffix), so the warm start sees the prompts RL and train-rm will show.
 
-    python scripts/chain_sum_demos.py configs/train_rm_prm.yaml --n 768 --out demos.jsonl
+    python scripts/chain_sum_demos.py configs/chain_sum_sft.yaml --n 768 --out chain_sum_demos.jsonl
 """
 
 from __future__ import annotations
