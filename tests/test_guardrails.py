@@ -175,6 +175,11 @@ def test_a_genuine_gain_gets_a_positive_verdict(count_bits):
     # no significant gain: said first, whatever else
     flat = guardrail_verdict(base_counts, base, base_counts, n_resamples=BOOT)
     assert flat["status"] == "no_gain" and flat["text"].startswith("no significant gain")
+    assert "worse" not in flat["flags"]
+    # a loss whose interval lies below zero is named as a loss (the trained model is the worse one)
+    lost = guardrail_verdict(base_counts, base, counts, n_resamples=BOOT)
+    assert lost["status"] == "no_gain" and "worse" in lost["flags"]
+    assert lost["text"].startswith("significantly worse than the base model: -0.")
 
 
 def test_code_tasks_report_constant_answers_as_not_applicable():

@@ -504,7 +504,12 @@ def guardrail_verdict(model: PromptCounts, record: dict[str, Any], base: PromptC
         head = f"gain over {base_label} {_fmt_diff(gain)}"
         if "no_gain" in flags:
             status = "no_gain"
-            text = (f"no significant gain over {base_label}: {_fmt_diff(gain)}"
+            # an interval wholly below zero is a loss, not a null result: say so
+            worse = gain is not None and math.isfinite(gain["ci_high"]) and gain["ci_high"] < 0
+            if worse:
+                flags.append("worse")
+            text = ((f"significantly worse than {base_label}: {_fmt_diff(gain)}" if worse
+                     else f"no significant gain over {base_label}: {_fmt_diff(gain)}")
                     + (f"; it also {'; '.join(reasons)}" if reasons else ""))
         elif reasons:
             status = "explained"
