@@ -13,7 +13,7 @@ import yaml
 from conftest import save_tiny_model
 
 from reinforge.cli import main
-from reinforge.config import build_config
+from reinforge.config import ConfigError, build_config
 from reinforge.evaluation.runner import ModelSource, build_eval_setup, greedy_heldout_eval, load_policy
 from reinforge.rollout import HFGenerator
 from reinforge.tasks import encode_prompt
@@ -168,7 +168,7 @@ def test_a_bare_eval_reads_a_train_rm_config_and_leaves_its_rm_section(setup, tm
     (label,) = sampled_eval_labels(RunDir.open(eval_dir))
     assert read_sampled_eval(RunDir.open(eval_dir), label)[0]["n_prompts"] == 3
     # outside eval the section is still refused: a typo there must not pass silently
-    with pytest.raises(Exception, match="rm"):
+    with pytest.raises(ConfigError, match="rm"):
         build_config(raw)
 
 
