@@ -135,7 +135,7 @@ def _from_bench(path: str) -> dict:
             "measured_step_s": r["step_s"],
             "phases": Phases(gen_s=r["worker_busy_s_per_step"], train_s=r["train_s"],
                              sync_s=r["weight_sync_s"]),
-            "staleness": {"sync": 0, "async1": 1, "async2": 2}[name],
+            "staleness": {"sync": 0, "sync1": 0, "async1": 1, "async2": 2}[name],
         }
     return out
 
@@ -163,7 +163,7 @@ def main() -> None:
             pred = simulate(r["phases"], workers=1, learners=1, staleness=r["staleness"], prompts=args.prompts)
             print(f"{name:8} {r['measured_step_s']:16.2f} {pred['step_s']:17.2f} "
                   f"{pred['step_s'] / r['measured_step_s']:10.2f}")
-        base = runs["sync"]["phases"]
+        base = runs["sync" if "sync" in runs else "sync1"]["phases"]
     if args.gen_s is not None:
         base = Phases(args.gen_s, args.train_s, args.sync_s, args.load_s, args.gen_sigma, args.gen_exponent,
                       args.allreduce_s)
