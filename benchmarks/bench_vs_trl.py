@@ -228,7 +228,9 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
 
         def train_step(self, step: int):
             # Peek at the prompts this step will draw, without moving the real sampler.
-            peek = copy.deepcopy(self.curriculum)
+            # The task is shared, not copied: it may hold locks (and sampling never changes it).
+            cur = self.curriculum
+            peek = copy.deepcopy(cur, memo={id(cur.task): cur.task} if cur.task is not None else None)
             step_prompts[step] = [self.train_examples[i].id for i in peek.sample(self.cfg.trainer.prompts_per_step)]
             measured = step > warmup
             if measured:
