@@ -334,6 +334,23 @@ def _eval_label(source, params: dict) -> str:
     return label + f"_len{params['max_new_tokens']}_seed{params['seed']}"
 
 
+def _task_variant(cfg, rd) -> str:
+    """A label suffix for an evaluation of a training run under another task, reward or env than
+    the run's own (overrides such as env=null): ``_cfg`` and a hash of those sections, so that it
+    neither replaces the run's own evaluation of the same checkpoint nor is paired with the run's
+    step-0 evaluation; the base model evaluated with the same overrides gets the same suffix."""
+    import hashlib
+    import json
+
+    from .evaluation.runner import task_differs_from_run
+
+    if rd is None or rd.kind != "train" or not task_differs_from_run(cfg, rd):
+        return ""
+    sections = {k: (getattr(cfg, k).model_dump(mode="json") if getattr(cfg, k) is not None else None)
+                for k in ("task", "reward", "env")}
+    return "_cfg" + hashlib.sha1(json.dumps(sections, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
 def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *, policy_cfg=None):
     """Evaluate ``source`` (cached in ``rd`` when the same evaluation exists); returns (summary, rows, folder)."""
     import hashlib
@@ -347,11 +364,13 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
     from .tracking.sampled_evals import read_sampled_eval, sampled_eval_dir, sampled_eval_labels, write_sampled_eval
 
     setup = build_eval_setup(cfg, max_prompts=params["max_prompts"])
-    label = _eval_label(source, params)
+    label = _eval_label(source, params) + _task_variant(cfg, rd)
     # Same weights, prompts, task, reward and settings: the stored evaluation is reused.
     identity = {"params": params, "source": source.to_dict(), "task": cfg.task.model_dump(mode="json"),
                 "reward": cfg.reward.model_dump(mode="json"), "prompts": [e.id for e in setup.examples],
                 "resamples": args.resamples}
+    if cfg.env is not None:
+        identity["env"] = cfg.env.model_dump(mode="json")
     fingerprint = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
     if label in sampled_eval_labels(rd) and not args.force:
         summary, rows = read_sampled_eval(rd, label)

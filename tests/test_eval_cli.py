@@ -74,6 +74,28 @@ def test_eval_of_a_run_writes_pass_at_k_into_the_run(setup, capsys):
     assert "pass@k" in (folder / "report.md").read_text()
 
 
+def test_an_eval_under_another_task_keeps_the_runs_own_and_is_not_paired_with_step_0(setup, capsys):
+    # e.g. an agent run evaluated with env=null: same checkpoint and sampling, another task.
+    _, run = setup
+    argv = ["eval", str(run), "--samples", "2", "--seed", "5", *FAST]
+    assert main(argv) == 0
+    own = "final_n2_T1_len6_seed5"
+    before = read_sampled_eval(RunDir.open(run), own)[0]
+    assert "step-0" in before["verdict"]["text"]  # the run's own task: paired with its step-0 eval
+    assert main([*argv, "task.prompt_suffix=Answer now."]) == 0
+    labels = sampled_eval_labels(RunDir.open(run))
+    other = [x for x in labels if x.startswith(own + "_cfg")]
+    assert len(other) == 1, labels
+    after_own = read_sampled_eval(RunDir.open(run), own)[0]
+    assert after_own["fingerprint"] == before["fingerprint"]  # not overwritten
+    summary = read_sampled_eval(RunDir.open(run), other[0])[0]
+    assert summary["task"]["prompt_suffix"] == "Answer now."
+    assert summary["verdict"]["base"] is None and "step-0" not in summary["verdict"]["text"]
+    capsys.readouterr()
+    assert main([*argv, "task.prompt_suffix=Answer now."]) == 0  # the same overrides: reused
+    assert "reusing" in capsys.readouterr().err
+
+
 def test_final_model_and_last_checkpoint_are_the_same_weights(setup, capsys):
     _, run = setup
     assert main(["eval", str(run), "--checkpoint", "step_000002", "--samples", "4", *FAST]) == 0

@@ -344,13 +344,28 @@ def sampled_eval(
     return summary, rows
 
 
+def task_differs_from_run(config: "RunConfig", run: "RunDir") -> bool:
+    """Whether ``config`` evaluates another task than the run trained on: its task, reward or env
+    section differs from the run's (e.g. ``env=null`` to evaluate an agent without its tools)."""
+    from reinforge.config import build_config
+
+    own = build_config(run.load_config(), ["tracking.exporters=[]"])
+    return any(_section(config, k) != _section(own, k) for k in ("task", "reward", "env"))
+
+
+def _section(config, key: str):
+    value = getattr(config, key, None)
+    return None if value is None else value.model_dump(mode="json")
+
+
 def attach_verdict(summary: dict[str, Any], rows: list[dict], run: "RunDir | None", source: ModelSource,
                    config: "RunConfig", label: str, *, n_resamples: int = 10_000) -> dict[str, Any]:
     """Add the guardrail verdict (reinforge/evaluation/guardrails.py) to a sampled evaluation's
     summary. Its base is, in order: a sampled evaluation of the run's base model with the same
     settings in the same directory (``reinforge eval --boundary`` makes one), else the run's
     step-0 greedy evaluation (the base model before training; greedy against sampled answers,
-    said in the verdict); a base model itself gets a verdict against the prior baselines only."""
+    said in the verdict) when the evaluated task is the run's own; a base model itself gets a
+    verdict against the prior baselines only."""
     from reinforge.evaluation.guardrails import spec_from_config
     from reinforge.tracking.sampled_evals import read_sampled_eval, sampled_eval_labels
 
@@ -365,7 +380,7 @@ def attach_verdict(summary: dict[str, Any], rows: list[dict], run: "RunDir | Non
         if base_eval in sampled_eval_labels(run):
             base = prompt_counts(read_sampled_eval(run, base_eval)[1], fmt, code=code)
             base_label = f"the base model (sampled evaluation {base_eval})"
-        elif run.kind == "train" and 0 in run.eval_steps():
+        elif run.kind == "train" and 0 in run.eval_steps() and not task_differs_from_run(config, run):
             base = prompt_counts(run.read_eval_details(0), fmt, code=code)
             base_label = "the base model (the run's step-0 greedy evaluation)"
         if base is not None and not set(base.ids) & set(model.ids):
