@@ -535,7 +535,8 @@ class EnvConfig(_Section):
     reasoning ('ToRA', Gou et al., 2023, arXiv:2309.17452)."""
 
     name: str = Field(..., description="A registered environment: 'calculator', 'guess_number', "
-                      "'code_feedback', or one registered with reinforge.agents.register_env.")
+                      "'code_feedback', one registered with reinforge.agents.register_env, or "
+                      "'verifiers' (a verifiers 0.4 taskset, options.taskset; task.source=env).")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the environment.")
     max_turns: int = Field(4, ge=1, description="Model turns per trajectory at most; a trajectory still "
                            "going after them is truncated.")
@@ -900,6 +901,8 @@ class RunConfig(_Section):
         if self.task.source == "env" and self.env is None:
             raise ValueError("task.source=env takes its examples from the environment: set env.name")
         if self.env is not None:
+            if self.env.name == "verifiers" and self.task.source != "env":
+                raise ValueError("env.name=verifiers trains on the taskset's own tasks: set task.source=env")
             if rollout.backend != "hf":
                 raise ValueError("env: multi-turn agents decode with rollout.backend=hf (got "
                                  f"{rollout.backend!r})")

@@ -653,6 +653,80 @@ def test_openai_endpoint_records_token_in_token_out_conversations():
     assert torch.allclose(batch.sampler_logprobs[batch.action_mask], ref[batch.action_mask], atol=1e-4)
 
 
+def test_token_in_token_out_generate_route_samples_from_given_ids():
+    """``POST /inference/v1/generate`` (vLLM's route, which verifiers' training client calls):
+    token ids in, sampled ids and their log-probs out, per-request stop ids honoured."""
+    import urllib.error
+    import urllib.request
+
+    from reinforge.agents.server import CompletionServer
+
+    def call(url, body, method="POST", headers=None):
+        req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    tok = make_tokenizer()
+    model = eos_biased_model(tok, bias=1.0)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
+                                     tokenize=True, return_dict=False)
+    stop = tok.convert_tokens_to_ids("a")
+    with CompletionServer(HFGenerator(model, tok), max_tokens=16, max_model_len=200) as server:
+        root = server.url[: -len("/v1")]
+        status, models = call(server.url + "/models", None, method="GET")
+        assert status == 200 and models["data"][0]["max_model_len"] == 200
+        torch.manual_seed(0)
+        status, r = call(root + "/inference/v1/generate", {
+            "model": "x", "token_ids": prompt,
+            "sampling_params": {"temperature": 1.0, "max_tokens": 16, "logprobs": 1, "stop_token_ids": [stop]}},
+            headers={"X-Session-ID": "trace-1"})
+        assert status == 200
+        choice = r["choices"][0]
+        ids, lps = choice["token_ids"], [c["logprob"] for c in choice["logprobs"]["content"]]
+        assert ids and len(lps) == len(ids) and r["request_id"]
+        ended = ids[-1] in (tok.eos_token_id, stop)
+        assert choice["finish_reason"] == ("stop" if ended else "length")
+        assert all(t not in (tok.eos_token_id, stop) for t in ids[:-1])  # it stopped at the first stop id
+        # Greedy (temperature 0) is the argmax at every step.
+        status, g = call(root + "/inference/v1/generate", {"token_ids": prompt,
+                                                         "sampling_params": {"temperature": 0, "max_tokens": 5}})
+        assert status == 200
+        assert call(root + "/inference/v1/generate", {"token_ids": []})[0] == 400
+        assert call(root + "/inference/v1/generate", {"token_ids": [10**6]})[0] == 400
+        assert call(root + "/inference/v1/generate", {"token_ids": [1] * 200})[0] == 400  # past max_model_len
+    gen = server.generations[0]
+    assert (gen.prompt_ids, gen.token_ids, gen.session_id) == (prompt, ids, "trace-1")
+    # The recorded log-probs are the model's: one forward pass over prompt + sample.
+    full = torch.tensor([prompt + ids])
+    with torch.no_grad():
+        ref = torch.log_softmax(model(input_ids=full).logits[0, len(prompt) - 1 : -1].float(), -1)
+    assert torch.allclose(torch.tensor(lps), ref.gather(1, torch.tensor(ids)[:, None]).squeeze(1), atol=1e-4)
+    greedy = g["choices"][0]["token_ids"]
+    with torch.no_grad():
+        ctx = list(prompt)
+        for t in greedy:
+            assert int(model(input_ids=torch.tensor([ctx])).logits[0, -1].argmax()) == t
+            ctx.append(t)
+
+
+def test_verifiers_env_names_the_extra_to_install_when_verifiers_is_missing(monkeypatch):
+    import sys
+
+    from reinforge.agents import build_run_task
+
+    monkeypatch.setitem(sys.modules, "verifiers", None)  # an import of it then fails, installed or not
+    monkeypatch.setitem(sys.modules, "verifiers.v1", None)
+    with pytest.raises(ConfigError, match="task.source=env"):
+        build_config({}, ["env.name=verifiers", "env.options={taskset: my_taskset}"])
+    cfg = build_config({}, ["task.source=env", "env.name=verifiers", "env.options={taskset: my_taskset}"])
+    with pytest.raises(ImportError, match=r'pip install "reinforge\[verifiers\]"'):
+        build_run_task(cfg)
+
+
 def test_endpoint_tool_calls_round_trip_as_the_model_wrote_them():
     from reinforge.agents.server import _canonical, _plain
 

@@ -18,6 +18,10 @@ def build_run_task(cfg):
 
     if cfg.task.source != "env":
         return build_task(cfg.task)
+    if cfg.env.name == "verifiers":  # a verifiers taskset's tasks (imported only when named)
+        from reinforge.agents.verifiers_source import verifiers_task
+
+        return verifiers_task(cfg)
     spec = env_spec(cfg.env.name)
     if spec.make_task is None:
         raise TaskError(f"task.source=env but environment {cfg.env.name!r} makes no examples; "
@@ -27,8 +31,13 @@ def build_run_task(cfg):
 
 def build_agent(cfg, generator, reward_fn, task) -> tuple[AgentGenerator, AgentReward]:
     """The agent generator (wrapping the run's HF generator) and the trajectory reward, from the
-    config's ``env`` section."""
+    config's ``env`` section (``env.name: verifiers``: a verifiers taskset's episodes,
+    reinforge/agents/verifiers_source.py)."""
     e = cfg.env
+    if e.name == "verifiers":  # episodes run by verifiers against the loopback endpoint
+        from reinforge.agents.verifiers_source import build_verifiers_agent
+
+        return build_verifiers_agent(cfg, generator, reward_fn)
     budgets = AgentBudgets(max_turns=e.max_turns, max_tokens_per_turn=e.max_tokens_per_turn or cfg.rollout.max_new_tokens,
                            max_tokens=e.max_tokens)
     agent = AgentGenerator(generator, env_factory(e.name, dict(e.options), task), budgets, tool_format=e.tool_format,

@@ -17,6 +17,12 @@ Tool calls: the request's ``tools`` are shown as the agent loop shows them (the 
 ``tools=``, else the fallback system prompt), and ``<tool_call>{json}</tool_call>`` in the sampled
 text is returned as OpenAI ``tool_calls`` (``finish_reason: "tool_calls"``). Requests are served one
 at a time (one engine).
+
+Token-in/token-out for clients that render prompts themselves: ``POST /inference/v1/generate``
+(the route vLLM's token-in/token-out server mounts, which ``verifiers``' training client calls)
+takes ``token_ids`` and ``sampling_params`` (``temperature``, ``top_p``, ``max_tokens``,
+``stop_token_ids``) and returns the sampled ids with their log-probs; every call is kept in
+``server.generations``.
 """
 
 from __future__ import annotations
@@ -50,6 +56,19 @@ class Conversation:
     extended: bool = False  # a later request continued it
 
 
+@dataclass
+class Generation:
+    """One ``/inference/v1/generate`` call: the ids it was given, the ids it sampled with their
+    log-probs, and the client's ``X-Session-ID`` (verifiers sends its trace id)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    session_id: str | None = None
+
+
 def _canonical(message: dict) -> str:
     """A message as compared across requests: role, text and tool calls (clients add fields)."""
     calls = [{"name": c.get("function", {}).get("name"), "arguments": _json_args(c.get("function", {}).get("arguments"))}
@@ -72,13 +91,18 @@ class CompletionServer:
     port) with an ``HFGenerator``. ``max_tokens``: the default and the cap of a response."""
 
     def __init__(self, generator, *, port: int = 0, max_tokens: int = 256, tool_format: str = "auto",
-                 model_name: str = "reinforge-policy"):
+                 model_name: str = "reinforge-policy", max_model_len: int | None = None):
         self.generator = generator
         self.tokenizer = generator.tokenizer
         self.renderer = ChatRenderer(self.tokenizer, tool_format)
         self.max_tokens = max_tokens
         self.model_name = model_name
+        if max_model_len is None:  # what the model's positions allow (clients check prompts against it)
+            engine = getattr(generator, "engine", None)
+            max_model_len = getattr(getattr(engine, "config", None), "max_position_embeddings", None)
+        self.max_model_len = max_model_len
         self.conversations: list[Conversation] = []
+        self.generations: list[Generation] = []
         self._by_key: dict[str, Conversation] = {}
         self._engine = threading.Lock()
         server = self
@@ -164,6 +188,52 @@ class CompletionServer:
                 "prompt_token_ids": conv.prompt_ids + conv.token_ids[:-k] if k else conv.prompt_ids + conv.token_ids,
                 "completion_token_ids": sampled}
 
+    def generate_tokens(self, request: dict, session_id: str | None = None) -> dict:
+        """``POST /inference/v1/generate``: sample a continuation of ``token_ids``. The stop ids
+        are the model's EOS plus the request's ``stop_token_ids`` (as vLLM does); the stop token
+        is returned with the sample (``finish_reason: "stop"``), else ``"length"``."""
+        ids = request.get("token_ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError("'token_ids' must be a non-empty list of token ids")
+        vocab = len(self.tokenizer)
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"'token_ids' holds ids outside the vocabulary (0..{vocab - 1})")
+        sp = request.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise ValueError("'sampling_params' must be an object")
+        if int(sp.get("n", 1)) != 1:
+            raise ValueError("n > 1 is not supported: send one request per sample")
+        max_tokens = min(int(sp.get("max_tokens") or self.max_tokens), self.max_tokens)
+        if self.max_model_len is not None:
+            if len(ids) >= self.max_model_len:
+                raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}")
+            max_tokens = min(max_tokens, self.max_model_len - len(ids))
+        temperature = float(1.0 if sp.get("temperature") is None else sp["temperature"])
+        top_p = float(1.0 if sp.get("top_p") is None else sp["top_p"])
+        params = SamplingParams(num_samples=1, temperature=max(temperature, 1e-6), top_p=top_p,
+                                max_new_tokens=max_tokens, greedy=temperature == 0.0)
+        stops = {int(t) for t in sp.get("stop_token_ids") or []}
+        with self._engine:
+            # Per-request stop ids: the engine reads its stop set per call, and the lock keeps
+            # every other caller out while it is widened.
+            saved = self.generator.eos_ids
+            self.generator.eos_ids = saved | stops
+            try:
+                out = self.generator.generate([list(ids)], params)
+            finally:
+                self.generator.eos_ids = saved
+        k = int(out.completion_mask[0].sum())
+        sampled = out.completion_ids[0, :k].tolist()
+        lps = out.sampler_logprobs[0, :k].tolist()
+        finish = "length" if bool(out.truncated[0]) else "stop"
+        rid = f"gen-{uuid.uuid4().hex[:16]}"
+        self.generations.append(Generation(rid, list(ids), sampled, lps, finish, session_id))
+        # vLLM's form under return_tokens_as_token_ids; verifiers' client checks each entry's token.
+        content = [{"logprob": lp, "token": f"token_id:{t}"} for t, lp in zip(sampled, lps)]
+        return {"request_id": rid, "model": self.model_name, "prompt_token_ids": list(ids),
+                "choices": [{"index": 0, "token_ids": sampled, "logprobs": {"content": content},
+                             "finish_reason": finish}]}
+
     # -- what to train on -----------------------------------------------------------------------
     def finished(self) -> list[Conversation]:
         """The conversations no later request continued (whole trajectories), in order."""
@@ -205,18 +275,27 @@ def _handler(server: CompletionServer):
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
+                model = {"id": server.model_name, "object": "model"}
+                if server.max_model_len is not None:  # vLLM's field: clients check prompt lengths with it
+                    model["max_model_len"] = server.max_model_len
+                self._send(200, {"object": "list", "data": [model]})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
         def do_POST(self) -> None:
-            if self.path.rstrip("/") != "/v1/chat/completions":
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path not in ("/v1/chat/completions", "/inference/v1/generate"):
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
             try:
                 request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if not isinstance(request, dict):
+                    raise ValueError("the request body must be a JSON object")
                 if request.get("stream"):
                     raise ValueError("stream=true is not supported")
+                if path == "/inference/v1/generate":
+                    self._send(200, server.generate_tokens(request, self.headers.get("X-Session-ID")))
+                    return
                 self._send(200, server.complete(request))
             except (ValueError, TypeError, KeyError) as err:
                 self._send(400, {"error": {"message": str(err), "type": "invalid_request_error"}})
