@@ -78,6 +78,10 @@ def _summary(res: dict, warmup: int) -> dict:
         "worker_busy_s_per_step": res["scale"]["workers"][0]["busy_s"] / len(res["metrics"]),
         "learner_busy_frac": res["scale"]["learner_busy_frac"],
         "heldout_accuracy": last_eval.get("accuracy"),
+        # (step, accuracy, seconds of training so far): learning per sample and per second.
+        "heldout_curve": [(e["step"], e.get("accuracy"),
+                           sum(x["time_step"] for x in res["metrics"] if x["step"] <= e["step"]))
+                          for e in res["evals"]],
         "train_wall_s": sum(x["time_step"] for x in res["metrics"]),
         "staleness_histogram": res["scale"]["staleness_histogram"],
         "stale_dropped_groups": res["scale"]["stale_dropped_groups"],
