@@ -168,6 +168,15 @@ def test_create_default_names_are_unique_and_explicit_names_never_reuse(cfg, fas
     assert RunDir.create(cfg2).name == "from_config"
 
 
+def test_default_names_of_runs_whose_examples_come_from_an_environment(tmp_path, fast_env):
+    # task.source=env: the environment names the run, not the unused task.name default
+    cfg = build_config({}, ["task.source=env", "env.name=guess_number",
+                            f"tracking.output_dir={tmp_path}", "tracking.exporters=[]"])
+    assert RunDir.create(cfg).name.endswith("-grpo-guess_number")
+    assert run_dir_mod.task_label({"source": "env"}, {"name": "verifiers", "options": {"taskset": "ts"}}) == "verifiers-ts"
+    assert run_dir_mod.task_label({"source": "reasoning_gym", "name": "products"}, {"name": "calculator"}) == "products"
+
+
 def test_create_records_git_commit_when_in_a_repo(cfg, monkeypatch):
     answers = {
         ("rev-parse", "HEAD"): "abc123\n",

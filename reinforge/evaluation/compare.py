@@ -200,7 +200,7 @@ def group_runs(
     for r in runs:
         parts = [f"{short[k]}={_display(r.flat.get(k, 'null'))}" for k in group_keys]
         r.group = ", ".join(parts) if parts else "all runs"
-        task_name = task_label(r.config.get("task") or {})
+        task_name = task_label(r.config.get("task") or {}, r.config.get("env"))
         extra = [f"{k[5:]}={_display(r.flat.get(k, 'null'))}" for k in task_keys if k != "task.name"]
         r.task = task_name + (f" ({', '.join(extra)})" if extra else "")
         groups.setdefault(r.group, []).append(r)

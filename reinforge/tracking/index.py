@@ -110,7 +110,7 @@ def run_info(run: RunDir, metric: str = "accuracy") -> RunInfo:
         cfg = run.load_config()
     except (OSError, ValueError):
         cfg = {}
-    task_name = task_label(cfg.get("task") or {})
+    task_name = task_label(cfg.get("task") or {}, cfg.get("env"))
     kind = status.get("kind", "train")
     try:
         metrics = run.read_metrics()

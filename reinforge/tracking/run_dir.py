@@ -99,8 +99,13 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
 
 
-def task_label(task: dict[str, Any]) -> str:
-    """A task's short name: the reasoning-gym dataset name, or the data file's stem."""
+def task_label(task: dict[str, Any], env: dict[str, Any] | None = None) -> str:
+    """A task's short name: the reasoning-gym dataset name, the data file's stem, or for
+    ``task.source: env`` the environment's name (a verifiers environment's taskset id)."""
+    if task.get("source") == "env" and env:
+        if env.get("name") == "verifiers" and (env.get("options") or {}).get("taskset"):
+            return f"verifiers-{env['options']['taskset']}"
+        return str(env.get("name", "env"))
     if task.get("source", "reasoning_gym") == "file" and task.get("path"):
         return Path(str(task["path"])).stem
     return str(task.get("name", "task"))
@@ -175,7 +180,9 @@ class RunDir:
         else:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             what = config.recipe if kind == "train" else f"eval-{Path(config.model.path).name}"
-            base = safe_name(f"{stamp}-{what}-{task_label(config.task.model_dump())}")
+            env = getattr(config, "env", None)
+            label = task_label(config.task.model_dump(), env.model_dump() if env is not None else None)
+            base = safe_name(f"{stamp}-{what}-{label}")
             suffix = 1
             while True:
                 path = output_dir / (base if suffix == 1 else f"{base}-{suffix}")
