@@ -94,3 +94,17 @@ def tiny_model_dir(tmp_path, tiny_tokenizer):
     make_model(tiny_tokenizer).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
     return path
+
+
+def eos_biased_model(tok, bias: float = 2.5, seed: int = 0):
+    """A tiny random model whose stop token is likelier (turns of a few tokens, as a chat model's)."""
+    model = make_model(tok, seed=seed)
+    eos = tok.eos_token_id
+
+    def hook(_m, _i, out):
+        out = out.clone()
+        out[..., eos] += bias
+        return out
+
+    model.lm_head.register_forward_hook(hook)
+    return model

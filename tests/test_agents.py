@@ -23,7 +23,7 @@ from reinforge.rewards.verifiers import ExactMatchVerifier
 from reinforge.rollout import HFGenerator, SamplingParams
 from reinforge.tasks.base import Example
 
-from conftest import CHAT_TEMPLATE, forward_logprobs, make_model, make_tokenizer
+from conftest import CHAT_TEMPLATE, eos_biased_model, forward_logprobs, make_tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -191,18 +191,6 @@ def test_observation_tokens_are_what_the_template_appends():
 
 
 # -- the agent loop on a tiny model ------------------------------------------------------------
-def eos_biased_model(tok, bias: float = 2.5, seed: int = 0):
-    """A tiny random model whose stop token is likelier (turns of a few tokens, as a chat model's)."""
-    model = make_model(tok, seed=seed)
-    eos = tok.eos_token_id
-
-    def hook(_m, _i, out):
-        out = out.clone()
-        out[..., eos] += bias
-        return out
-
-    model.lm_head.register_forward_hook(hook)
-    return model
 
 
 class EchoEnv:

@@ -24,24 +24,10 @@ from reinforge.config import build_config  # noqa: E402
 from reinforge.tasks.base import normalize_answer  # noqa: E402
 from reinforge.rollout import HFGenerator, SamplingParams  # noqa: E402
 
-from conftest import forward_logprobs, make_model, make_tokenizer  # noqa: E402
+from conftest import eos_biased_model as eos_biased, forward_logprobs, make_tokenizer  # noqa: E402
 from vf_toy_taskset import WORDS  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def eos_biased(tok, bias: float = 2.5):
-    """The tiny random model with its stop token made likelier, so replies end on their own."""
-    model = make_model(tok)
-    eos = tok.eos_token_id
-
-    def hook(_m, _i, out):
-        out = out.clone()
-        out[..., eos] += bias
-        return out
-
-    model.lm_head.register_forward_hook(hook)
-    return model
 
 
 def test_verifiers_episodes_become_token_in_token_out_rows():

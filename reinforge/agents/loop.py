@@ -191,7 +191,45 @@ class _Row:
         return len(self.ep.token_ids) - self.turn_start
 
 
-class AgentGenerator:
+class WrappedGenerator:
+    """A generator for the trainer that samples from examples through a wrapped ``HFGenerator``
+    (``base``): the Generator protocol (``pad_id``, ``needs_sync``, ``version``, ``eos_ids``,
+    ``sync_weights``) is the base's; ``pop_recorded`` hands out what ``generate_examples(...,
+    record=True)`` kept in ``recorded``."""
+
+    base: Any
+    recorded: list
+
+    @property
+    def pad_id(self) -> int:
+        return self.base.pad_id
+
+    @property
+    def needs_sync(self) -> bool:
+        return self.base.needs_sync
+
+    @property
+    def version(self) -> int:
+        return self.base.version
+
+    @property
+    def eos_ids(self):
+        return self.base.eos_ids
+
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self.base.sync_weights(state_dict, version)
+
+    def generate(self, prompts, params):  # pragma: no cover - a guard
+        raise TypeError(f"{type(self).__name__} samples from examples (the environment renders the prompt): "
+                        "call generate_examples(examples, params)")
+
+    def pop_recorded(self) -> list:
+        """What was recorded since the last call (``generate_examples(record=True)``)."""
+        out, self.recorded = self.recorded, []
+        return out
+
+
+class AgentGenerator(WrappedGenerator):
     """Multi-turn rollouts from an ``HFGenerator`` and an environment factory; a ``Generator``
     for the trainer (``pad_id``, ``needs_sync``, ``version``, ``sync_weights``, ``close`` are the
     wrapped generator's) whose samples come from examples (``generate_examples``) rather than
@@ -220,34 +258,9 @@ class AgentGenerator:
         self.recorded: list[Episode] = []
         self.compactions = 0  # times the cache's holes were squeezed out (see _decode)
 
-    # -- the Generator protocol, delegated --------------------------------------------------------
-    @property
-    def pad_id(self) -> int:
-        return self.base.pad_id
-
-    @property
-    def needs_sync(self) -> bool:
-        return self.base.needs_sync
-
-    @property
-    def version(self) -> int:
-        return self.base.version
-
-    def sync_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        self.base.sync_weights(state_dict, version)
-
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.base.close()
-
-    def generate(self, prompts, params):  # pragma: no cover - a guard
-        raise TypeError("an agent generator samples from examples (the environment renders the prompt): "
-                        "call generate_examples(examples, params)")
-
-    def pop_recorded(self) -> list[Episode]:
-        """The episodes recorded since the last call (``generate_examples(record=True)``)."""
-        out, self.recorded = self.recorded, []
-        return out
 
     # -- rollouts -------------------------------------------------------------------------------
     @torch.no_grad()

@@ -41,7 +41,32 @@ def turn_returns(turn_rewards: Sequence[float], outcome: float, gamma: float) ->
     return out[::-1]
 
 
-class AgentReward:
+class WrappedReward:
+    """A trajectory reward around the run's ``RewardFunction`` (``reward_fn``): its error count,
+    reward-model keys and state are the wrapped function's; nothing learns from agent rollouts
+    (an implicit PRM stays fixed in agent runs)."""
+
+    reward_fn: RewardFunction
+
+    @property
+    def error_count(self) -> int:
+        return self.reward_fn.error_count
+
+    @property
+    def reward_model_keys(self):
+        return self.reward_fn.reward_model_keys
+
+    def learn(self, rollout, examples, outcomes) -> None:
+        pass
+
+    def state_dict(self):
+        return self.reward_fn.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.reward_fn.load_state_dict(state)
+
+
+class AgentReward(WrappedReward):
     """Scores agent rollouts (their ``episodes``) with a ``RewardFunction`` on the final answers
     plus the environment's per-turn rewards; the same interface as RewardFunction.score."""
 
@@ -53,24 +78,6 @@ class AgentReward:
         self.turn_rewards = turn_rewards
         self.gamma = float(turn_discount)
         self.truncated_reward = truncated_reward
-
-    @property
-    def error_count(self) -> int:
-        return self.reward_fn.error_count
-
-    @property
-    def reward_model_keys(self):
-        return self.reward_fn.reward_model_keys
-
-    def learn(self, rollout, examples, outcomes) -> None:
-        """Agent rewards score final answers through ``reward_fn``'s verifiers, which do not learn
-        here (an implicit PRM stays fixed in agent runs)."""
-
-    def state_dict(self):
-        return self.reward_fn.state_dict()
-
-    def load_state_dict(self, state) -> None:
-        self.reward_fn.load_state_dict(state)
 
     def score(self, rollout, examples: Sequence) -> Scores:
         episodes = getattr(rollout, "episodes", None)

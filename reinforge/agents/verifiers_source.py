@@ -44,8 +44,9 @@ from typing import Any
 
 import torch
 
-from reinforge.agents.loop import Episode, TurnRecord, pad_trajectories
+from reinforge.agents.loop import Episode, TurnRecord, WrappedGenerator, pad_trajectories
 from reinforge.batch import RolloutBatch, Segment
+from reinforge.agents.scoring import WrappedReward
 from reinforge.rewards.compose import RewardOutcome, Scores
 from reinforge.tasks.base import Example, Task, TaskError
 
@@ -250,7 +251,7 @@ def _truncation(trace) -> str | None:
     return "max_tokens_per_turn"
 
 
-class VerifiersGenerator:
+class VerifiersGenerator(WrappedGenerator):
     """The trainer's generator for a verifiers environment (the ``AgentGenerator`` interface:
     ``generate_examples``, ``pop_recorded``, and the wrapped HF generator's ``pad_id``,
     ``needs_sync``, ``version``, ``sync_weights``, ``close``).
@@ -313,26 +314,6 @@ class VerifiersGenerator:
             self.close(base=False)  # the caller still owns the wrapped generator
             raise
 
-    # -- the Generator protocol, delegated --------------------------------------------------------
-    @property
-    def pad_id(self) -> int:
-        return self.base.pad_id
-
-    @property
-    def needs_sync(self) -> bool:
-        return self.base.needs_sync
-
-    @property
-    def version(self) -> int:
-        return self.base.version
-
-    @property
-    def eos_ids(self):
-        return self.base.eos_ids
-
-    def sync_weights(self, state, version: int) -> None:
-        self.base.sync_weights(state, version)
-
     def close(self, base: bool = True) -> None:
         if self._closed:
             return
@@ -354,14 +335,6 @@ class VerifiersGenerator:
             shutil.rmtree(self._tmp, ignore_errors=True)
         if base:
             self.base.close()
-
-    def generate(self, prompts, params):  # pragma: no cover - a guard
-        raise TypeError("a verifiers generator samples from examples (verifiers renders the prompt): "
-                        "call generate_examples(examples, params)")
-
-    def pop_recorded(self) -> list[VerifiersEpisode]:
-        out, self.recorded = self.recorded, []
-        return out
 
     # -- rollouts -------------------------------------------------------------------------------
     def _call(self, coro):
@@ -496,7 +469,7 @@ class VerifiersGenerator:
 # -- the reward --------------------------------------------------------------------------------
 
 
-class VerifiersReward:
+class VerifiersReward(WrappedReward):
     """Scores rows from ``VerifiersGenerator`` with their trace's reward (``trace.reward``, the
     weighted sum of the taskset's ``@vf.reward`` s); ``correct`` when it reaches
     ``correct_threshold`` and the trace finished without error. ``reward_fn`` (the config's
@@ -505,23 +478,6 @@ class VerifiersReward:
     def __init__(self, reward_fn, *, correct_threshold: float = 1.0):
         self.reward_fn = reward_fn
         self.correct_threshold = float(correct_threshold)
-
-    @property
-    def error_count(self) -> int:
-        return self.reward_fn.error_count
-
-    @property
-    def reward_model_keys(self):
-        return self.reward_fn.reward_model_keys
-
-    def learn(self, rollout, examples, outcomes) -> None:
-        """The taskset's rewards do not learn here."""
-
-    def state_dict(self):
-        return self.reward_fn.state_dict()
-
-    def load_state_dict(self, state) -> None:
-        self.reward_fn.load_state_dict(state)
 
     def score(self, rollout, examples: Sequence) -> Scores:
         episodes = getattr(rollout, "episodes", None)
