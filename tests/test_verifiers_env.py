@@ -186,7 +186,7 @@ def test_a_reinforge_task_runs_as_a_verifiers_taskset(tmp_path):
     by_prompt = {r["prompt"]: r["answer"] for r in rows}
     for e in examples:  # the reinforge example's messages, its answer kept on the task
         vt = e.metadata["verifiers_task"]
-        assert vt.data.answer == by_prompt[e.messages[-1]["content"]]
+        assert vt.data.answer == e.answer == by_prompt[e.messages[-1]["content"]]  # for the guardrails
 
     def trace(reply):  # the reward reads the last assistant message of the trace
         msg = SimpleNamespace(role="assistant", content=reply)

@@ -116,7 +116,8 @@ def env_config(options: dict[str, Any], *, max_turns: int | None = None) -> dict
 class VerifiersTask(Task):
     """A verifiers taskset's tasks as examples: ``eval_size`` held out (after a shuffle by
     ``seed``), up to ``train_size`` of the rest for training. An example's messages are the task's
-    system prompt and prompt; its answer is None (the taskset's rewards score the trace)."""
+    system prompt and prompt; its answer is the task data's ``answer`` when it has one, else None
+    (either way the taskset's rewards score the trace)."""
 
     name = "verifiers"
 
@@ -151,7 +152,11 @@ class VerifiersTask(Task):
             messages.append({"role": "user", "content": data.prompt})
         else:
             messages.extend(m.model_dump(mode="json", exclude_none=True) for m in data.prompt or [])
-        return Example(id=f"{self.taskset_id}/{split}/{data.idx}", messages=messages, answer=None,
+        # A taskset whose task data carries an answer (reinforge_task does) lets the guardrails
+        # score constant answers and the answer prior; the reward is still the trace's.
+        answer = getattr(data, "answer", None)
+        return Example(id=f"{self.taskset_id}/{split}/{data.idx}", messages=messages,
+                       answer=None if answer is None else str(answer),
                        metadata={"verifiers_task": task, "verifiers_task_key": task.key})
 
     def train_examples(self) -> Sequence[Example]:
