@@ -195,9 +195,10 @@ class WrappedGenerator:
     """A generator for the trainer that samples from examples through a wrapped ``HFGenerator``
     (``base``): the Generator protocol (``pad_id``, ``needs_sync``, ``version``, ``eos_ids``,
     ``sync_weights``) is the base's; ``pop_recorded`` hands out what ``generate_examples(...,
-    record=True)`` kept in ``recorded``."""
+    record=True)`` kept in ``recorded``; ``_batch`` turns Episodes into the trainer's batch."""
 
     base: Any
+    tokenizer: Any
     recorded: list
 
     @property
@@ -227,6 +228,28 @@ class WrappedGenerator:
         """What was recorded since the last call (``generate_examples(record=True)``)."""
         out, self.recorded = self.recorded, []
         return out
+
+    def _batch(self, episodes: list, group_index: torch.Tensor) -> RolloutBatch:
+        """The trainer's RolloutBatch of whole trajectories (Episodes): tensors from
+        ``pad_trajectories``, one segment per assistant turn and per observation."""
+        n = len(episodes)
+        tensors = pad_trajectories(episodes, self.pad_id)
+        segments = []
+        for e in episodes:
+            segs = []
+            for t in e.turns:
+                segs.append(Segment("assistant", t.start, t.end, t.text))
+                if t.obs_end > t.obs_start:
+                    role = t.observations[0].get("role", "environment") if t.observations else "environment"
+                    segs.append(Segment(role, t.obs_start, t.obs_end,
+                                        self.tokenizer.decode(e.token_ids[t.obs_start:t.obs_end])))
+            segments.append(segs)
+        texts = self.tokenizer.batch_decode([e.token_ids for e in episodes], skip_special_tokens=True)
+        return RolloutBatch(
+            **tensors, truncated=torch.tensor([e.truncated for e in episodes]),
+            group_index=group_index, texts=texts,
+            versions=torch.full((n,), self.version, dtype=torch.long), segments=segments,
+        )
 
 
 class AgentGenerator(WrappedGenerator):
@@ -293,26 +316,6 @@ class AgentGenerator(WrappedGenerator):
     def _max_turns(self, row: _Row) -> int:
         own = getattr(row.env, "max_turns", None)
         return min(self.budgets.max_turns, own) if own else self.budgets.max_turns
-
-    def _batch(self, episodes: list[Episode], group_index: torch.Tensor) -> RolloutBatch:
-        n = len(episodes)
-        tensors = pad_trajectories(episodes, self.pad_id)
-        segments = []
-        for e in episodes:
-            segs = []
-            for t in e.turns:
-                segs.append(Segment("assistant", t.start, t.end, t.text))
-                if t.obs_end > t.obs_start:
-                    role = t.observations[0].get("role", "environment") if t.observations else "environment"
-                    segs.append(Segment(role, t.obs_start, t.obs_end,
-                                        self.tokenizer.decode(e.token_ids[t.obs_start:t.obs_end])))
-            segments.append(segs)
-        texts = self.tokenizer.batch_decode([e.token_ids for e in episodes], skip_special_tokens=True)
-        return RolloutBatch(
-            **tensors, truncated=torch.tensor([e.truncated for e in episodes]),
-            group_index=group_index, texts=texts,
-            versions=torch.full((n,), self.version, dtype=torch.long), segments=segments,
-        )
 
     # -- the decode loop ------------------------------------------------------------------------
     def _run(self, rows: list[_Row], params: SamplingParams) -> None:

@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 
-from reinforge.agents.loop import Episode, TurnRecord, WrappedGenerator, pad_trajectories
-from reinforge.batch import RolloutBatch, Segment
+from reinforge.agents.loop import Episode, TurnRecord, WrappedGenerator
+from reinforge.batch import RolloutBatch
 from reinforge.agents.scoring import WrappedReward
 from reinforge.rewards.compose import RewardOutcome, Scores
 from reinforge.tasks.base import Example, Task, TaskError
@@ -451,24 +451,6 @@ class VerifiersGenerator(WrappedGenerator):
         return VerifiersEpisode(example_id=example.id, messages=list(example.messages),
                                 prompt_ids=encode_prompt(self.tokenizer, example), truncated=True,
                                 truncation="env_error", env_error="; ".join(errors)[:500] or "no trainable branch")
-
-    def _batch(self, episodes: list[VerifiersEpisode], group_index: torch.Tensor) -> RolloutBatch:
-        n = len(episodes)
-        segments = []
-        for e in episodes:
-            segs = []
-            for t in e.turns:
-                segs.append(Segment("assistant", t.start, t.end, t.text))
-                if t.obs_end > t.obs_start:
-                    segs.append(Segment("environment", t.obs_start, t.obs_end,
-                                        self.tokenizer.decode(e.token_ids[t.obs_start:t.obs_end])))
-            segments.append(segs)
-        return RolloutBatch(
-            **pad_trajectories(episodes, self.pad_id), truncated=torch.tensor([e.truncated for e in episodes]),
-            group_index=group_index,
-            texts=self.tokenizer.batch_decode([e.token_ids for e in episodes], skip_special_tokens=True),
-            versions=torch.full((n,), self.version, dtype=torch.long), segments=segments,
-        )
 
 
 # -- the reward --------------------------------------------------------------------------------

@@ -20,9 +20,9 @@ import verifiers.v1 as vf
 
 TASKSET_ID = "reinforge_task"
 
-# The examples behind the tasks, by task id: the reward scores against them (TaskData is frozen
-# JSON-like data; a reasoning-gym entry's metadata need not be).
-_EXAMPLES: dict[str, tuple[Any, Any]] = {}
+# The reinforge task, example and answer format behind each verifiers task, by task id: the reward
+# scores against them (TaskData is frozen JSON-like data; a reasoning-gym entry's metadata need not be).
+_EXAMPLES: dict[str, tuple[Any, Any, str]] = {}
 
 
 class ReinforgeTasksetConfig(vf.TasksetConfig):
@@ -51,12 +51,9 @@ class ReinforgeTask(vf.Task[ReinforgeData, vf.State, vf.TaskConfig]):
         """The task's score of the extracted answer (0 when there is none)."""
         from reinforge.rewards.extract import extract_answer
 
-        task, example = _EXAMPLES[self.data.id]
-        answer = extract_answer(_reply(trace), _FORMATS[self.data.id])
+        task, example, fmt = _EXAMPLES[self.data.id]
+        answer = extract_answer(_reply(trace), fmt)
         return 0.0 if answer is None else float(task.score(answer, example))
-
-
-_FORMATS: dict[str, str] = {}
 
 
 class ReinforgeTaskset(vf.Taskset[ReinforgeTask, ReinforgeTasksetConfig]):
@@ -67,8 +64,7 @@ class ReinforgeTaskset(vf.Taskset[ReinforgeTask, ReinforgeTasksetConfig]):
         task = build_task(TaskConfig(**self.config.reinforge_task))
         for split, examples in (("train", task.train_examples()), ("eval", task.eval_examples())):
             for e in examples:
-                _EXAMPLES[e.id] = (task, e)
-                _FORMATS[e.id] = self.config.answer_format
+                _EXAMPLES[e.id] = (task, e, self.config.answer_format)
                 system = next((m["content"] for m in e.messages if m["role"] == "system"), None)
                 prompt = [m for m in e.messages if m["role"] != "system"]
                 yield ReinforgeTask(ReinforgeData(id=e.id, name=f"{split}/{e.id}", prompt=prompt, system_prompt=system,
