@@ -342,13 +342,11 @@ def _task_variant(cfg, rd) -> str:
     import hashlib
     import json
 
-    from .evaluation.runner import task_differs_from_run
+    from .evaluation.runner import task_differs_from_run, task_sections
 
     if rd is None or rd.kind != "train" or not task_differs_from_run(cfg, rd):
         return ""
-    sections = {k: (getattr(cfg, k).model_dump(mode="json") if getattr(cfg, k) is not None else None)
-                for k in ("task", "reward", "env")}
-    return "_cfg" + hashlib.sha1(json.dumps(sections, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return "_cfg" + hashlib.sha1(json.dumps(task_sections(cfg), sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *, policy_cfg=None):

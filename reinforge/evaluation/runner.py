@@ -350,12 +350,13 @@ def task_differs_from_run(config: "RunConfig", run: "RunDir") -> bool:
     from reinforge.config import build_config
 
     own = build_config(run.load_config(), ["tracking.exporters=[]"])
-    return any(_section(config, k) != _section(own, k) for k in ("task", "reward", "env"))
+    return task_sections(config) != task_sections(own)
 
 
-def _section(config, key: str):
-    value = getattr(config, key, None)
-    return None if value is None else value.model_dump(mode="json")
+def task_sections(config: "RunConfig") -> dict[str, Any]:
+    """What an evaluation's task is: the config's task, reward and env sections, as JSON data."""
+    return {k: (None if getattr(config, k, None) is None else getattr(config, k).model_dump(mode="json"))
+            for k in ("task", "reward", "env")}
 
 
 def attach_verdict(summary: dict[str, Any], rows: list[dict], run: "RunDir | None", source: ModelSource,
