@@ -794,7 +794,7 @@ class ScaleConfig(_Section):
     """Where the parts run (docs/scaling.md). ``local``: one process. ``ray``: rollout workers
     (a generator and the reward function each) are Ray actors that get the policy's weights
     through Ray's object store; the learner stays in the driver. Needs ``pip install
-    reinforge[ray]``."""
+    reinforge[ray]``. ``learners``: the learner as data-parallel ranks, in either mode."""
 
     mode: Literal["local", "ray"] = Field("local", description="local: one process; ray: rollout workers as Ray actors.")
     rollout_workers: int = Field(1, ge=1, description="scale.mode=ray: number of rollout worker actors.")
@@ -812,6 +812,19 @@ class ScaleConfig(_Section):
         None, gt=0,
         description="torch threads in each rollout worker (null: the trainer's, trainer.num_threads "
         "or torch's default), so a worker computes exactly what the local mode does.",
+    )
+    learners: int = Field(
+        1, ge=1,
+        description="Data-parallel learner ranks (DDP's algorithm: Li et al., VLDB 2020, arXiv:2006.15704). "
+        "The trainer is rank 0; the others are processes on this machine, one per GPU from model.device "
+        "on (NCCL), or CPU processes (gloo) with trainer.num_threads threads each. Each rank takes its share "
+        "of every batch's micro-batches and the gradients are summed before the step: the one-process update "
+        "to float tolerance. Any scale.mode.",
+    )
+    learner_timeout_s: float = Field(
+        1800.0, gt=0,
+        description="scale.learners > 1: how long a rank waits in a collective (a peer that hangs) before "
+        "the run fails; it resumes from its checkpoint.",
     )
 
 
@@ -911,6 +924,11 @@ class RunConfig(_Section):
                                  "(algorithm.advantage=reinforce_pp, reinforce_pp_baseline or gae) with "
                                  f"algorithm.gamma=1 (got {algo.advantage}, gamma={algo.gamma}); or use "
                                  "env.turn_rewards=sum")
+        if self.scale.learners > 1 and needs_of(algo).critic:
+            raise ValueError(
+                f"scale.learners={self.scale.learners}: the data-parallel learner trains the policy only, and "
+                f"algorithm.advantage={algo.advantage} trains a critic too; use scale.learners=1 for PPO with a critic"
+            )
         if algo.mini_batches > self.trainer.prompts_per_step:
             raise ValueError(
                 f"algorithm.mini_batches={algo.mini_batches} splits prompt groups, so it must be "

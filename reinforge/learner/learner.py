@@ -191,11 +191,16 @@ class Learner:
         model.eval()
         try:
             with ctx:
-                for rows in self._plan(rollout):
+                plan = self._plan(rollout)
+                if self.data_parallel is not None:  # each rank fills its rows; the sum is the whole
+                    plan = self.data_parallel.shard(plan)
+                for rows in plan:
                     lp = self._token_logprobs(model, self._inputs(rollout, rows))
                     out[rows, : lp.shape[1]] = lp.cpu()
         finally:
             model.train(was_training)
+        if self.data_parallel is not None:
+            self.data_parallel.all_reduce_(out)
         return out
 
     def _plan(self, rollout: RolloutBatch) -> list[torch.Tensor]:

@@ -7,10 +7,11 @@ Because ``Learner.step`` normalises every micro-batch's loss by the whole batch'
 sequence counts, the summed gradient is the one-process gradient, so N ranks give the same
 update as one process up to the order of float additions (tested with 2 gloo processes on a CPU).
 
-The same calls run over gloo on CPUs and NCCL on GPUs. FSDP2 (``torch.distributed.fsdp.
-fully_shard``, which also shards parameters and optimiser state) runs on CPU/gloo in torch 2.13 as
-well, but the learner's state dicts, LoRA merge and weight export expect whole tensors; it is not
-wired in yet (docs/scaling.md).
+The same calls run over gloo on CPUs and NCCL on GPUs (NCCL reduces only CUDA tensors: the
+CPU-side sums travel through the rank's GPU). ``scale.learners`` starts the ranks of a run
+(``scale.learner_group``). FSDP2 (``torch.distributed.fsdp.fully_shard``, which also shards
+parameters and optimiser state) runs on CPU/gloo in torch 2.13 as well, but the learner's state
+dicts, LoRA merge and weight export expect whole tensors; it is not wired in (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ class DataParallel:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        # where this rank's collectives run: NCCL takes CUDA tensors only
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+
+    def all_reduce_(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        """Reduce ``t`` over ranks in place (through this rank's collective device) and return it."""
+        if t.device == self.device:
+            dist.all_reduce(t, op=op, group=self.group)
+        else:
+            moved = t.to(self.device)
+            dist.all_reduce(moved, op=op, group=self.group)
+            t.copy_(moved)
+        return t
 
     def shard(self, plan: list[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's micro-batches: every world_size-th, starting at its rank."""
@@ -47,8 +61,7 @@ class DataParallel:
             if p.grad is None:  # a rank without micro-batches still takes part
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.group)
+        flat = self.all_reduce_(torch.cat([g.reshape(-1) for g in grads]))
         offset = 0
         for g in grads:
             n = g.numel()
@@ -56,14 +69,12 @@ class DataParallel:
             offset += n
         keys = [k for k in _SUMMED if k in sums]
         stats = torch.tensor([sums[k] for k in keys] + [0.0 if finite else 1.0], dtype=torch.float64)
-        dist.all_reduce(stats, group=self.group)
+        self.all_reduce_(stats)
         for k, v in zip(keys, stats.tolist()):
             sums[k] = v
         for k in _MAXED:
             if k in sums:
-                t = torch.tensor([sums[k]], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-                sums[k] = float(t)
+                sums[k] = float(self.all_reduce_(torch.tensor([sums[k]], dtype=torch.float64), dist.ReduceOp.MAX))
         if fresh is not None:
-            dist.all_reduce(fresh, group=self.group)
+            self.all_reduce_(fresh)
         return bool(stats[-1] == 0)

@@ -40,10 +40,9 @@ from ..config import ConfigError, RunConfig
 from ..curriculum import build_curriculum
 from ..evaluation.guardrails import Guardrails
 from ..evaluation.runner import generate_and_score, greedy_heldout_eval
-from ..learner import Learner
-from ..learner.critic import Critic
+from ..learner.build import build_learner
 from ..learner.memory import check_memory
-from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
+from ..models import load_tokenizer, resolve_device, resolve_model_path
 from ..reward_models.guard import RewardHackingGuard
 from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
@@ -186,33 +185,15 @@ class Trainer:
         # setting to change when it will not fit (reinforge/learner/memory.py).
         prompt_tokens = max((len(encode_prompt(self.tokenizer, e)) for e in self.train_examples[:64]), default=1)
         check_memory(cfg, model_path, prompt_tokens=prompt_tokens, device=str(self.device))
-        self.model = load_model(cfg.model, path=model_path, device=self.device)
-        self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
         # What the algorithm's components declare they need (algorithms.needs_of): which models to
         # load here, which forwards and generations to run each step.
         self.needs = needs_of(cfg.algorithm)
-        full_copy = cfg.model.model_copy(update={"lora": None})
-        reference = None
-        if self.needs.reference and cfg.model.lora is None:  # (with LoRA: the base, adapters off)
-            reference = load_model(full_copy, path=model_path, device=self.device).eval()
-            for p in reference.parameters():
-                p.requires_grad_(False)
-        critic = None
-        if self.needs.critic:
-            critic = Critic(
-                load_model(full_copy, path=model_path, device=self.device), cfg.critic,
-                micro_batch_tokens=cfg.learner.micro_batch_tokens, autocast_dtype=self.autocast_dtype,
-                betas=tuple(cfg.learner.betas), weight_decay=cfg.learner.weight_decay,
-            )
+        self.learner = build_learner(cfg, model_path, self.device)
+        self.model = self.learner.model
+        self.autocast_dtype = self.learner.autocast_dtype
         self.generator = build_generator(
             cfg.rollout, self.model, self.tokenizer, model_path=model_path, model_dtype=cfg.model.dtype,
             autocast_dtype=self.autocast_dtype, seed=cfg.trainer.seed,
-        )
-        self.learner = Learner(
-            self.model, cfg.learner, cfg.algorithm,
-            temperature=cfg.rollout.temperature,
-            max_new_tokens=cfg.env.max_tokens if cfg.env else cfg.rollout.max_new_tokens,
-            autocast_dtype=self.autocast_dtype, reference_model=reference, critic=critic,
         )
         if cfg.env is not None:  # multi-turn: trajectories from an environment (docs/agents.md)
             self.generator, self.reward_fn = build_agent(cfg, self.generator, self.reward_fn, self.task)
@@ -234,6 +215,10 @@ class Trainer:
             self.source = build_experience_source(self)
         if self._resume:
             self._restore()
+        if cfg.scale.learners > 1:  # the other ranks start from this (restored) learner's state
+            from ..scale.learner_group import LearnerGroup
+
+            self.learner = LearnerGroup.start(self.learner, cfg, model_path, self.device)
 
     def _restore(self) -> None:
         # The plan chose the newest checkpoint whose checksums match (reinforge/trainer/resume.py).
@@ -608,10 +593,12 @@ class Trainer:
                     raise reported from err
         finally:
             # the workers, then this process's generator (a vLLM engine's KV cache, the bf16 copy,
-            # an agent loop's tool threads): a sweep runs many trainers in one process
+            # an agent loop's tool threads), then the learner ranks: a sweep runs many trainers in
+            # one process
             try:
-                for held in (getattr(self, "source", None), getattr(self, "generator", None)):
-                    if held is not None:
+                for held in (getattr(self, "source", None), getattr(self, "generator", None),
+                             getattr(self, "learner", None)):
+                    if held is not None and hasattr(held, "close"):
                         try:
                             held.close()
                         except Exception as err:  # noqa: BLE001 - never mask how the run ended
