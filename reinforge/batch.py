@@ -72,6 +72,9 @@ class RolloutBatch:
     texts:             N decoded continuations (special tokens stripped).
     versions:          [N] long, the policy weight version that sampled each row (the
                        generator's version when it ran; 0 = the initial weights).
+    last_versions:     [N] long, the version that sampled each row's last token: newer than
+                       ``versions`` when the weights changed during its generation
+                       (``rollout.partial``); equal to it otherwise.
     segments:          per row, its Segments in order (empty: one assistant span, single turn).
     """
 
@@ -86,6 +89,7 @@ class RolloutBatch:
     action_mask: torch.Tensor | None = None
     versions: torch.Tensor | None = None
     segments: list[list[Segment]] = field(default_factory=list)
+    last_versions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.action_mask is None:
@@ -94,6 +98,8 @@ class RolloutBatch:
             raise ValueError("action_mask marks tokens that completion_mask does not: every action is a real token")
         if self.versions is None:
             self.versions = torch.zeros(self.completion_ids.shape[0], dtype=torch.long)
+        if self.last_versions is None:
+            self.last_versions = self.versions.clone()
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -136,7 +142,7 @@ class RolloutBatch:
             action_mask=self.action_mask[rows, :cw],
             sampler_logprobs=self.sampler_logprobs[rows, :cw], truncated=self.truncated[rows],
             group_index=group, texts=[self.texts[i] for i in picked] if self.texts else [],
-            versions=self.versions[rows],
+            versions=self.versions[rows], last_versions=self.last_versions[rows],
             segments=[self.segments[i] for i in picked] if self.segments else [],
         )
 
@@ -171,6 +177,7 @@ def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         group_index=torch.cat(groups),
         texts=[t for b in batches for t in b.texts],
         versions=torch.cat([b.versions for b in batches]),
+        last_versions=torch.cat([b.last_versions for b in batches]),
         segments=[s for b in batches for s in (b.segments or [[] for _ in range(len(b))])] if with_segments else [],
     )
 

@@ -247,6 +247,15 @@ class RolloutConfig(_Section):
         "updates (1: after each, on-policy up to numerics; N > 1 samples from weights up to N-1 "
         "updates old, which the logged logprob_diff_* and algorithm.tis_cap account for).",
     )
+    partial: bool = Field(
+        False,
+        description="In-flight weight updates (PipelineRL, Piche et al. 2025, arXiv:2509.19128): with "
+        "scale.mode=ray and algorithm.max_staleness >= 1, a rollout worker loads weights published "
+        "while it is generating between two decode steps and goes on under them, keeping the KV cache "
+        "computed so far, instead of finishing the whole request with the weights it started with. A "
+        "completion's tokens then come from consecutive versions; each token's sampler log-prob is "
+        "the one it was drawn with, and the staleness bound holds for its oldest token.",
+    )
     hf_bf16_copy: bool | None = Field(
         None,
         description="backend=hf: decode with a bf16 copy of the policy (LoRA merged) that is "
@@ -910,6 +919,14 @@ class RunConfig(_Section):
                 f"rollout.sync_every={rollout.sync_every} makes samples up to {rollout.sync_every - 1} "
                 f"versions old, beyond algorithm.max_staleness={algo.max_staleness}: raise max_staleness "
                 f"to {rollout.sync_every - 1} or lower sync_every"
+            )
+        if rollout.partial and (self.scale.mode != "ray" or algo.max_staleness < 1 or rollout.backend != "hf"
+                                or self.env is not None):
+            raise ValueError(
+                "rollout.partial=true updates the weights of generations in flight on rollout workers: it "
+                "needs scale.mode=ray, algorithm.max_staleness >= 1 and rollout.backend=hf, single-turn "
+                f"(got scale.mode={self.scale.mode}, max_staleness={algo.max_staleness}, "
+                f"backend={rollout.backend}, env={'set' if self.env is not None else 'null'})"
             )
         if self.task.source == "env" and self.env is None:
             raise ValueError("task.source=env takes its examples from the environment: set env.name")

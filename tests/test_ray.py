@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -177,3 +178,99 @@ def test_missing_ray_names_the_extra(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "pip install 'reinforge[ray]'" in out.stdout, out.stderr
+
+
+def _request(cfg, worker, rid: int = 0, min_version: int = 0):
+    from reinforge.rollout import SamplingParams
+    from reinforge.scale.worker import RolloutRequest
+    from reinforge.tasks import build_task, encode_prompt
+
+    examples = build_task(cfg.task).train_examples()[:2]
+    tok = worker.generator.tokenizer
+    return RolloutRequest(rid, (1, 1), [encode_prompt(tok, e) for e in examples], examples, [0, 1],
+                          SamplingParams(num_samples=4, max_new_tokens=cfg.rollout.max_new_tokens),
+                          min_version=min_version)
+
+
+def _newer(state: dict) -> dict:
+    g = torch.Generator().manual_seed(5)
+    return {k: v + 0.5 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in state.items()}
+
+
+def test_partial_rollout_loads_new_weights_between_two_tokens(tmp_path, tiny_model_dir):
+    """rollout.partial in a worker (in-process here; the Ray plumbing is the next test): weights
+    that arrive after the third token are loaded before the fourth, the KV cache kept; the first
+    three tokens are those the old weights draw, and each row records both versions."""
+    from reinforge.scale.worker import RolloutWorker
+
+    cfg = _config(tmp_path, tiny_model_dir, "scale.mode=ray", "algorithm.max_staleness=1", "rollout.partial=true",
+                  "rollout.max_new_tokens=24")
+    worker = RolloutWorker(cfg.to_dict(), 0, 1, [])
+    req = _request(cfg, worker)
+    start = {k: v.clone() for k, v in worker.model.state_dict().items()}
+    plain = worker.rollout(req)
+    assert plain.info["inflight_weight_loads"] == 0
+
+    calls = 0
+    poll = worker._poll_in_flight
+
+    def arriving_after_the_third_token():
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # what the weights thread does when the learner publishes version 1
+            worker.set_weights(_newer(start), 1)
+        poll()
+
+    worker._poll_in_flight = arriving_after_the_third_token
+    mixed = worker.rollout(req)
+    a, b = plain.rollout, mixed.rollout
+    assert mixed.info["inflight_weight_loads"] == 1 and worker.generator.version == 1
+    assert b.versions.tolist() == [0] * 8  # the staleness bound counts a row's oldest token
+    long_rows = b.completion_mask.sum(dim=1) > 3
+    assert long_rows.any()
+    assert b.last_versions[long_rows].eq(1).all() and b.last_versions[~long_rows].eq(0).all()
+    assert torch.equal(a.completion_ids[:, :3], b.completion_ids[:, :3])
+    assert torch.equal(a.sampler_logprobs[:, :3], b.sampler_logprobs[:, :3])
+    assert not torch.equal(a.sampler_logprobs[long_rows, 3:], b.sampler_logprobs[long_rows, 3:])
+    worker.close()
+
+
+def test_partial_request_waits_for_the_weights_published_before_it(tmp_path, tiny_model_dir, ray_cluster):
+    """Weights travel on the worker's own thread: a request may reach the worker before the
+    weights published ahead of it, and must wait for them rather than sample older ones."""
+    import time
+
+    cfg = _config(tmp_path, tiny_model_dir, "scale.mode=ray", "algorithm.max_staleness=1", "rollout.partial=true")
+    trainer = Trainer(cfg)
+    trainer._setup()
+    source = trainer.source
+    try:
+        w = source.workers[0]
+        ref = w.handle.rollout.remote(_request(cfg, trainer, rid=99, min_version=1))
+        time.sleep(0.5)
+        assert not source.ray.wait([ref], timeout=0)[0]  # waiting for version 1
+        source.publish(_newer(trainer.learner.policy_state_dict()), 1, issue=False)
+        result = source.ray.get(ref, timeout=60)  # version 1 reached it while the request waited
+        assert result.rollout.versions.eq(1).all()
+    finally:
+        source.close()
+        trainer.run_dir.release_writer()
+
+
+def test_partial_rollouts_train_within_the_bound(tmp_path, tiny_model_dir, ray_cluster):
+    res = Trainer(_config(tmp_path, tiny_model_dir, "scale.mode=ray", "algorithm.max_staleness=1",
+                          "rollout.partial=true", "rollout.max_new_tokens=32")).run()
+    metrics = RunDir.open(res.run_dir).read_metrics()
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert m["staleness_max"] <= 1 and 0 <= m["last_token_staleness_mean"] <= m["staleness_mean"]
+        assert 0 <= m["partial_rows_frac"] <= 1 and m["inflight_weight_loads"] >= 0
+    stats = json.loads((res.run_dir / "scale.json").read_text())
+    assert sum(stats["last_token_staleness_histogram"].values()) == 3 * 4 * 4
+
+
+def test_partial_needs_asynchronous_ray_workers(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match="rollout.partial=true .* scale.mode=ray, algorithm.max_staleness >= 1"):
+        _config(tmp_path, tiny_model_dir, "rollout.partial=true")
+    with pytest.raises(ConfigError, match="max_staleness=0"):
+        _config(tmp_path, tiny_model_dir, "rollout.partial=true", "scale.mode=ray")

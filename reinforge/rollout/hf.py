@@ -21,7 +21,7 @@ reads the KV cache without copying it per query head.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -126,6 +126,9 @@ class HFGenerator:
         self.autocast_dtype = None if copy_dtype is not None else autocast_dtype
         self.needs_sync = copy_dtype is not None
         self.version = 0
+        # In-flight weight updates (rollout.partial): called between decode steps; it loads newer
+        # weights if there are any (through sync_weights, which moves ``version``).
+        self.weight_poll: Callable[[], object] | None = None
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -168,6 +171,7 @@ class HFGenerator:
         completion_mask = cat(1, False)
         logprobs = cat(2, 0.0)
         truncated = torch.cat([c[3] for c in chunks])
+        first_version, last_version = (torch.cat([c[i] for c in chunks]) for i in (4, 5))
         texts = self.tokenizer.batch_decode(
             [ids[m].tolist() for ids, m in zip(completion_ids, completion_mask)], skip_special_tokens=True
         )
@@ -180,12 +184,12 @@ class HFGenerator:
             truncated=truncated,
             group_index=group_index,
             texts=texts,
-            versions=torch.full((len(rows),), self.version, dtype=torch.long),
+            versions=first_version, last_versions=last_version,
         )
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams):
-        """Completions for ``prompts`` x ``num_samples`` rows: (ids, mask, log-probs, truncated),
-        each [rows, longest completion]."""
+        """Completions for ``prompts`` x ``num_samples`` rows: (ids, mask, log-probs, truncated,
+        the version of each row's first and last token), tensors [rows, longest completion] and [rows]."""
         model = self.engine
         was_training = model.training
         model.eval()
@@ -206,6 +210,8 @@ class HFGenerator:
         logprobs = torch.zeros((n, steps), dtype=torch.float32)
         lengths = torch.zeros(n, dtype=torch.long)
         stopped = torch.zeros(n, dtype=torch.bool)
+        first_version = torch.full((n,), self.version, dtype=torch.long)
+        last_version = first_version.clone()
         ids, mask = left_pad(prompts, self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
         cache = DynamicCache(config=model.config)
@@ -233,6 +239,7 @@ class HFGenerator:
             tokens[live, t] = pick[~done].cpu()
             logprobs[live, t] = lp.gather(1, pick[:, None]).squeeze(1)[~done].float().cpu()
             lengths[live] += 1
+            last_version[live] = self.version
             newly = ~done & torch.isin(pick, eos)
             stopped[active[newly].cpu()] = True
             done |= newly
@@ -245,6 +252,10 @@ class HFGenerator:
                 cache.batch_select_indices(keep)
                 active, attn, pos, pick, done = active[keep], attn[keep], pos[keep], pick[keep], done[keep]
             attn = torch.cat([attn, attn.new_ones(len(attn), 1)], dim=1)
+            if self.weight_poll is not None:
+                # PipelineRL's in-flight update: the next tokens come from the newer weights; the
+                # KV cache of the tokens so far, computed under the older ones, is kept.
+                self.weight_poll()
             with autocast:
                 logits = model(
                     input_ids=pick[:, None],
@@ -257,4 +268,4 @@ class HFGenerator:
         width = int(lengths.max()) if n else 0
         cmask = torch.arange(width)[None, :] < lengths[:, None]
         # A completion ends at its first stop token (kept, so the model learns to stop).
-        return tokens[:, :width], cmask, logprobs[:, :width], ~stopped
+        return tokens[:, :width], cmask, logprobs[:, :width], ~stopped, first_version, last_version

@@ -17,6 +17,11 @@ after each update. Between the two, this class keeps the workers busy:
   one is observed by the curriculum and its kept groups queue for the learner. A step takes
   ``prompts_per_step`` queued groups; one older than K versions at that step is dropped and
   counted (``stale_dropped_groups``); extra groups wait for the next step.
+- **In-flight updates** (``rollout.partial``, PipelineRL arXiv:2509.19128). Weights go to a
+  worker's own thread (a Ray concurrency group) and the decode loop loads them between two tokens;
+  a request waits for the weights published before it was issued (``min_version``), so the bound
+  above holds for a completion's oldest token (``versions``), and ``last_versions`` records the
+  newest.
 - **Faults.** A worker that dies is started again, given the current weights, and sent its
   unfinished requests again under the same keys; a request's result is taken once (by id), so no
   sample is lost or counted twice (``worker_restarts``).
@@ -123,9 +128,12 @@ class RayExperienceSource:
             num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
         )
-        self._actor = self.ray.remote(RolloutWorker).options(
-            num_cpus=cfg.scale.worker_cpus, num_gpus=cfg.scale.worker_gpus,
-        )
+        # rollout.partial: weights go to a thread of their own (a concurrency group), so that they
+        # reach a worker while its request decodes; otherwise the actor runs its calls in order.
+        self.partial = cfg.rollout.partial
+        actor = (self.ray.remote(concurrency_groups={"weights": 1})(RolloutWorker) if self.partial
+                 else self.ray.remote(RolloutWorker))
+        self._actor = actor.options(num_cpus=cfg.scale.worker_cpus, num_gpus=cfg.scale.worker_gpus)
         self._config = cfg.to_dict()
         self._threads = cfg.scale.worker_threads or cfg.trainer.num_threads or torch.get_num_threads()
         self.workers = [_WorkerSlot(i) for i in range(cfg.scale.rollout_workers)]
@@ -141,6 +149,8 @@ class RayExperienceSource:
         self.request_groups: dict[int, int] = {}  # request id -> its prompts (groups), for the ledger
         self._state_before: dict[int, Any] = {}  # request id -> the curriculum's state before it
         self.staleness_counts: Counter[int] = Counter()
+        self.last_token_staleness_counts: Counter[int] = Counter()  # rollout.partial: of each last token
+        self._inflight_loads = 0  # weight loads during a generation, since the last step
         self.stale_dropped = 0
         self._started = time.time()
         self._learner_busy_s = 0.0
@@ -164,7 +174,13 @@ class RayExperienceSource:
         w.handle = self._actor.remote(self._config, w.index, self._threads, list(sys.path))
         w.weight_refs = []
         if self._weights_ref is not None:
-            w.weight_refs.append(w.handle.set_weights.remote(self._weights_ref, self.version))
+            self._send_weights(w)
+
+    def _send_weights(self, w: _WorkerSlot) -> None:
+        method = w.handle.set_weights
+        if self.partial:
+            method = method.options(concurrency_group="weights")
+        w.weight_refs.append(method.remote(self._weights_ref, self.version))
 
     def _restart(self, w: _WorkerSlot, err: Exception) -> None:
         """Start a dead worker again with the current weights and send it its unfinished requests
@@ -194,7 +210,7 @@ class RayExperienceSource:
         # Version v exists only once v steps were gathered (a resume publishes its checkpoint's).
         self.steps_taken = max(self.steps_taken, self.version)
         for w in self.workers:
-            w.weight_refs.append(w.handle.set_weights.remote(self._weights_ref, self.version))
+            self._send_weights(w)
         self._info["weight_sync_s"] = time.perf_counter() - t0
         if issue:
             self._top_up()
@@ -214,7 +230,7 @@ class RayExperienceSource:
             indices = self.curriculum.sample(self.request_size)
             examples = [self.examples[i] for i in indices]
             req = RolloutRequest(self._next_id, (slot, self._rounds[slot]), [self.encode(e) for e in examples],
-                                 examples, indices, self.sampling)
+                                 examples, indices, self.sampling, min_version=self.version)
             self._next_id += 1
             w = min(self.workers, key=lambda s: len(s.inflight))
             w.inflight[req.id] = req
@@ -245,6 +261,7 @@ class RayExperienceSource:
             del self._refs[ref]
             del w.inflight[req.id]
             w.busy_s += result.finished - result.started
+            self._inflight_loads += int(result.info.get("inflight_weight_loads", 0))
             self.completed.append(req.id)
             self._result_request = req
             return result
@@ -342,6 +359,15 @@ class RayExperienceSource:
             "rollout_busy_frac": min(1.0, sum(busy) / (window * len(self.workers))),
             "weight_sync_s": 0.0,  # publish() after this step's update sets it
         })
+        if self.partial:  # how much of the batch came from weights loaded mid-generation
+            last = learner_version - rollout.last_versions
+            self.last_token_staleness_counts.update(int(s) for s in last)
+            info.update({
+                "inflight_weight_loads": float(self._inflight_loads),
+                "partial_rows_frac": float((rollout.last_versions > rollout.versions).float().mean()),
+                "last_token_staleness_mean": float(last.float().mean()),
+            })
+            self._inflight_loads = 0
         self._info = info  # the trainer logs this dict after its sync phase
         self._write_stats()
         return Scored(rollout, examples, scores, info=info)
@@ -366,6 +392,9 @@ class RayExperienceSource:
         wall = max(time.time() - self._started, 1e-9)
         atomic_write_json(self.run_path / "scale.json", {
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_counts.items())},
+            **({"last_token_staleness_histogram": {str(k): v for k, v in
+                                                   sorted(self.last_token_staleness_counts.items())}}
+               if self.partial else {}),
             "stale_dropped_groups": self.stale_dropped,
             "max_staleness": self.max_staleness,
             "wall_s": wall,

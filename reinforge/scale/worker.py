@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class RolloutRequest:
     examples: list[Example]
     indices: list[int]
     sampling: SamplingParams
+    min_version: int = 0  # the weights published when it was issued: it samples with these or newer
 
 
 @dataclass
@@ -81,12 +83,41 @@ class RolloutWorker:
             autocast_dtype=torch.bfloat16 if cfg.model.dtype == "bfloat16" else None, seed=cfg.trainer.seed,
         )
         self.weight_load_s = 0.0
+        # rollout.partial: weights arrive on their own thread (a Ray concurrency group) while a
+        # request decodes; they wait here until the decode loop takes them between two tokens.
+        self.partial = cfg.rollout.partial
+        self._pending: tuple[Mapping[str, torch.Tensor], int] | None = None
+        self._pending_lock = threading.Lock()
+        self._inflight_loads = 0
 
     def pid(self) -> int:
         return os.getpid()
 
-    @torch.no_grad()
     def set_weights(self, state: Mapping[str, torch.Tensor], version: int) -> int:
+        """Take version ``version`` of the policy: load it now, or (``rollout.partial``) keep it
+        for the decode loop, replacing an older one not yet loaded."""
+        if not self.partial:
+            return self._load(state, version)
+        with self._pending_lock:
+            if self._pending is None or self._pending[1] < version:
+                self._pending = (state, version)
+        return version
+
+    def _take_pending(self) -> bool:
+        """Load the newest weights that arrived since the last load; False when none did."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is None or pending[1] <= self.generator.version:
+            return False
+        self._load(*pending)
+        return True
+
+    def _poll_in_flight(self) -> None:
+        if self._take_pending():
+            self._inflight_loads += 1
+
+    @torch.no_grad()
+    def _load(self, state: Mapping[str, torch.Tensor], version: int) -> int:
         t0 = time.perf_counter()
         if self.generator.needs_sync:
             self.generator.sync_weights(state, version)
@@ -100,11 +131,31 @@ class RolloutWorker:
         from ..rollout.seeding import seeded_sampling
 
         started = time.time()
-        with seeded_sampling(self.seed, *request.key):
-            rollout = self.generator.generate(request.prompts, request.sampling)
+        info: dict[str, float] = {}
+        if self.partial:
+            # The weights published before this request was issued may still be on their way
+            # (another thread takes them): wait for them, so the staleness bound holds.
+            self._take_pending()
+            deadline = time.monotonic() + 600
+            while self.generator.version < request.min_version:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"request {request.id} needs weights version {request.min_version}, "
+                                       f"which did not arrive in 600 s (holding {self.generator.version})")
+                time.sleep(0.005)
+                self._take_pending()
+            self._inflight_loads = 0
+            self.generator.weight_poll = self._poll_in_flight
+        try:
+            with seeded_sampling(self.seed, *request.key):
+                rollout = self.generator.generate(request.prompts, request.sampling)
+        finally:
+            self.generator.weight_poll = None
+        if self.partial:
+            info["inflight_weight_loads"] = float(self._inflight_loads)
         rows = [request.examples[int(g)] for g in rollout.group_index]
         scores = self.reward_fn.score(rollout, rows)
-        return RolloutResult(request.id, rollout, scores, started, time.time(), os.getpid(), self.weight_load_s)
+        return RolloutResult(request.id, rollout, scores, started, time.time(), os.getpid(), self.weight_load_s,
+                             info)
 
     def close(self) -> None:
         self.generator.close()
