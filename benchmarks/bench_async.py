@@ -41,6 +41,8 @@ def _variants(async_threads: int) -> dict[str, list[str]]:
         "sync1": [*ray, "algorithm.max_staleness=0", *par],
         "async1": [*ray, "algorithm.max_staleness=1", *par],
         "async2": [*ray, "algorithm.max_staleness=2", *par],
+        # PipelineRL's in-flight weight updates on top of K=1
+        "async1p": [*ray, "algorithm.max_staleness=1", "rollout.partial=true", *par],
     }
 
 
@@ -85,6 +87,9 @@ def _summary(res: dict, warmup: int) -> dict:
         "train_wall_s": sum(x["time_step"] for x in res["metrics"]),
         "staleness_histogram": res["scale"]["staleness_histogram"],
         "stale_dropped_groups": res["scale"]["stale_dropped_groups"],
+        # rollout.partial: rows with tokens from weights loaded mid-generation, and those loads
+        "partial_rows_frac": statistics.mean(x.get("partial_rows_frac", 0.0) for x in m),
+        "inflight_weight_loads": sum(x.get("inflight_weight_loads", 0.0) for x in res["metrics"]),
     }
 
 

@@ -54,6 +54,10 @@ def _rank(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> Non
         learner = Learner(model, LearnerConfig(**LEARNER), AlgorithmConfig(**ALGO), max_new_tokens=12,
                           data_parallel=DataParallel())
         assert len(learner.data_parallel.shard(learner._plan(batch.rollout))) >= 1
+        # a budget the whole batch fits in is split so that no rank is idle
+        roomy = Learner(model, LearnerConfig(**{**LEARNER, "micro_batch_tokens": 100_000}), AlgorithmConfig(**ALGO),
+                        max_new_tokens=12, data_parallel=learner.data_parallel)
+        assert len(roomy._plan(batch.rollout)) % world == 0
         stats = _two_updates(learner, batch)
         torch.save({"weights": learner.trainable_state_dict(), "stats": stats,
                     "fresh": learner.last_fresh_logprobs}, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -204,10 +204,26 @@ class Learner:
         return out
 
     def _plan(self, rollout: RolloutBatch) -> list[torch.Tensor]:
-        return plan_micro_batches(
-            rollout.prompt_mask.sum(dim=1), rollout.completion_mask.sum(dim=1), self.cfg.micro_batch_tokens,
-            group_index=rollout.group_index if self.share_prefix else None,
-        )
+        """The batch's micro-batches. Data-parallel: a smaller token budget where the batch would
+        leave ranks idle or unevenly loaded (one that fits one micro-batch would use one rank)."""
+        def plan(budget: int) -> list[torch.Tensor]:
+            return plan_micro_batches(
+                rollout.prompt_mask.sum(dim=1), rollout.completion_mask.sum(dim=1), budget,
+                group_index=rollout.group_index if self.share_prefix else None,
+            )
+
+        budget = self.cfg.micro_batch_tokens
+        out = plan(budget)
+        if self.data_parallel is not None:
+            w = self.data_parallel.world_size
+
+            def unbalanced(n: int) -> bool:  # ranks idle, or one with a whole extra micro-batch of few
+                return n < w or (n % w != 0 and n < 4 * w)
+
+            while unbalanced(len(out)) and len(out) < len(rollout) and budget > 1:
+                budget //= 2
+                out = plan(budget)
+        return out
 
     # -- the update --------------------------------------------------------------------------
     def step(self, batch: TrainBatch) -> dict[str, float]:
