@@ -16,8 +16,8 @@ breaks the next collective, and the run is marked failed and resumes from its ch
 
 from __future__ import annotations
 
-import datetime
 import atexit
+import datetime
 import logging
 import os
 import queue
