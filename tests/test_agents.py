@@ -514,9 +514,9 @@ def _agent_config(tmp_path, model_dir, *extra):
 def eos_biased_loader(monkeypatch):
     """The trainer's model loader, with the tiny model's stop token made likelier (real weights,
     plus a forward hook on the head), so that its turns end and trajectories have several turns."""
-    import reinforge.trainer.trainer as trainer_mod
+    import reinforge.learner.build as build_mod  # where the trainer loads its policy
 
-    real = trainer_mod.load_model
+    real = build_mod.load_model
 
     def load(*a, **k):
         model = real(*a, **k)
@@ -530,7 +530,7 @@ def eos_biased_loader(monkeypatch):
         model.lm_head.register_forward_hook(hook)
         return model
 
-    monkeypatch.setattr(trainer_mod, "load_model", load)
+    monkeypatch.setattr(build_mod, "load_model", load)
 
 
 def test_agent_run_writes_trajectories_and_resumes_exactly(tmp_path, tiny_model_dir, eos_biased_loader):

@@ -21,6 +21,14 @@ CLOSE_KEYS = ("loss", "pg_loss", "grad_norm", "entropy", "clip_fraction", "advan
 EXACT_KEYS = ("reward_mean", "accuracy", "generated_tokens", "completion_length")
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """The runs here set trainer.num_threads=1, which is process-wide: later tests get theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def sevens_reward(completion: str, example) -> float:
     return completion.count("7") / max(len(completion), 1)
 

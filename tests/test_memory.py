@@ -127,7 +127,7 @@ def test_trainer_runs_the_guard_before_loading(tmp_path, tiny_model_dir, monkeyp
         raise RuntimeError("stop after the guard")
 
     monkeypatch.setattr(memory, "available_memory", lambda device="cpu": (1024**2, "test"))
-    monkeypatch.setattr("reinforge.trainer.trainer.load_model", no_load)
+    monkeypatch.setattr("reinforge.learner.build.load_model", no_load)
     task = tmp_path / "t.jsonl"
     task.write_text("".join(f'{{"prompt": "q{i}", "answer": "1"}}\n' for i in range(10)))
     cfg = build_config({}, [f"model.path={tiny_model_dir}", "task.source=file", f"task.path={task}",

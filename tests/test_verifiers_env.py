@@ -123,11 +123,11 @@ def test_branch_check_refuses_tokens_the_server_did_not_sample():
 def test_reinforge_train_runs_a_verifiers_environment(tmp_path, tiny_model_dir, monkeypatch):
     """``env.name: verifiers`` with ``task.source: env``: two seeded GRPO steps through the
     trainer, the rewards from the taskset, every trajectory written."""
-    import reinforge.trainer.trainer as trainer_mod
+    import reinforge.learner.build as build_mod  # where the trainer loads its policy
     from reinforge.tracking import RunDir
     from reinforge.trainer import Trainer
 
-    real = trainer_mod.load_model
+    real = build_mod.load_model
 
     def load(*a, **k):  # the stop token likelier (as eos_biased), so replies end on their own
         model = real(*a, **k)
@@ -136,7 +136,7 @@ def test_reinforge_train_runs_a_verifiers_environment(tmp_path, tiny_model_dir, 
             torch.tensor(eos), out.shape[-1]).to(out.dtype) * 2.5)
         return model
 
-    monkeypatch.setattr(trainer_mod, "load_model", load)
+    monkeypatch.setattr(build_mod, "load_model", load)
     def config(name):
         return build_config({}, [
             f"model.path={tiny_model_dir}", "task.source=env", "task.eval_size=2", "task.seed=0",
