@@ -205,7 +205,7 @@ def test_partial_rollout_loads_new_weights_between_two_tokens(tmp_path, tiny_mod
 
     cfg = _config(tmp_path, tiny_model_dir, "scale.mode=ray", "algorithm.max_staleness=1", "rollout.partial=true",
                   "rollout.max_new_tokens=24")
-    worker = RolloutWorker(cfg.to_dict(), 0, 1, [])
+    worker = RolloutWorker(cfg.to_dict(), 0, None, [])  # (threads None: this process keeps its own)
     req = _request(cfg, worker)
     start = {k: v.clone() for k, v in worker.model.state_dict().items()}
     plain = worker.rollout(req)
