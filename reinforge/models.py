@@ -13,10 +13,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .config import DEFAULT_MODEL, ModelConfig
+from .precision import DtypeChoice, choose_dtype
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,33 @@ def resolve_device(spec: str = "auto") -> torch.device:
                 f"cuda:{torch.cuda.device_count() - 1}"
             )
     return device
+
+
+def resolve_precision(cfg, device: torch.device | None = None) -> tuple[Any, DtypeChoice]:
+    """``cfg`` (a run's config, or any config with a ``model`` section) with ``model.dtype``
+    resolved on ``device`` (default: ``model.device`` resolved), and the choice with its reason.
+
+    Called once where a run starts, before any weights load or the run directory is written, so
+    that config.yaml holds the dtype the run computes in: a resume (on this machine or another)
+    keeps it. Logs the choice in one line, and warns when an explicit bfloat16 will be slow here."""
+    device = device if device is not None else resolve_device(cfg.model.device)
+    choice = choose_dtype(cfg.model.dtype, device)
+    if choice.requested == "auto":
+        log.info("model.dtype=auto -> %s: %s", choice.dtype, choice.reason)
+    else:
+        log.info("model.dtype=%s: %s", choice.dtype, choice.reason)
+    if choice.warning:
+        log.warning("%s", choice.warning)
+    if choice.dtype != cfg.model.dtype:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": choice.dtype})})
+    return cfg, choice
+
+
+def compute_dtype(model_cfg: ModelConfig) -> torch.dtype | None:
+    """The autocast dtype of a resolved ``model.dtype``: torch.bfloat16, or None (fp32)."""
+    if model_cfg.dtype == "auto":
+        raise ValueError("model.dtype=auto must be resolved first (reinforge.models.resolve_precision)")
+    return torch.bfloat16 if model_cfg.dtype == "bfloat16" else None
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

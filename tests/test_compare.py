@@ -283,11 +283,19 @@ def test_compare_groups_runs_and_reports_the_statistics(sweep, tmp_path, capsys)
     assert len(_csv(report_dir / "profiles.csv")) == 2 * 101
     runs = _csv(report_dir / "runs.csv")
     assert len(runs) == 6 and {r["task"] for r in runs} == {"task"}
+    # what each run computed in, on what: model.dtype=auto resolved, the CPU from environment.json
+    import torch
+
+    from reinforge.precision import cpu_model
+
+    assert {r["dtype"] for r in runs} <= {"float32", "bfloat16"} and len({r["dtype"] for r in runs}) == 1
+    assert {r["machine"] for r in runs} == {f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()})"}
 
     report = (report_dir / "report.md").read_text()
     assert "`learner.lr`" in report and "Probability of improvement" in report
     assert "IQM" in report and "arXiv:2108.13264" in report and "learning_curves.png" in report
     assert "| G1 | lr=0.003 | 3 |" in report
+    assert f"| {runs[0]['dtype']} | {runs[0]['machine']} |" in report
 
 
 def test_compare_leaves_out_unfinished_runs_unless_asked(sweep, tmp_path):

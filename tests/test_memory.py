@@ -34,7 +34,7 @@ def test_model_shape_counts_parameters_and_lora(tiny_model_dir, tiny_model):
 
 def _cfg(*extra):
     return build_config({}, [
-        "algorithm.kl_coef=0", "rollout.num_samples=4", "trainer.prompts_per_step=2",
+        "model.dtype=float32", "algorithm.kl_coef=0", "rollout.num_samples=4", "trainer.prompts_per_step=2",
         "rollout.max_new_tokens=8", "rollout.generation_batch_size=64",
         "learner.micro_batch_tokens=100", "learner.logits_chunk_tokens=16", *extra,
     ])

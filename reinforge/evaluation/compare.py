@@ -88,6 +88,11 @@ class RunScores:
     group: str = ""
     task: str = ""
     guardrails: dict[str, Any] | None = None  # the final evaluation's record (evaluation/guardrails.py)
+    machine: str = ""  # the CPU (model, instruction-set capability) and GPU from environment.json
+
+    @property
+    def dtype(self) -> str:
+        return str((self.config.get("model") or {}).get("dtype", ""))
 
     @property
     def name(self) -> str:
@@ -168,8 +173,25 @@ def collect_runs(
             flat["segments"] = json.dumps(label)
         guard = {int(e["step"]): e["guardrails"] for e in evals if isinstance(e.get("guardrails"), dict)}
         out.append(RunScores(run=rd, state=state, config=cfg, flat=flat, steps=steps,
-                             scores=[by_step[s] for s in steps], guardrails=guard.get(steps[-1])))
+                             scores=[by_step[s] for s in steps], guardrails=guard.get(steps[-1]),
+                             machine=_machine(rd)))
     return out, skipped
+
+
+def _machine(rd: RunDir) -> str:
+    """'AMD EPYC (AVX2)' or 'NVIDIA H100 80GB HBM3 on Intel(R) Xeon(R) ... (AVX512)': what ran the
+    run, as its environment.json recorded it ('' for runs from before the record)."""
+    try:
+        env = json.loads((rd.path / "environment.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    hw = env.get("hardware") if isinstance(env, dict) else None
+    cpu = hw.get("cpu") if isinstance(hw, dict) else None
+    if not isinstance(cpu, dict):
+        return ""
+    text = f"{cpu.get('model', '?')} ({cpu.get('capability', '?')})"
+    gpu = hw.get("gpu")
+    return f"{gpu.get('name', '?')} on {text}" if isinstance(gpu, dict) else text
 
 
 def _short_names(keys: list[str]) -> dict[str, str]:
@@ -567,10 +589,10 @@ def _write_outputs(result: CompareResult, *, metric: str, confidence: float, n_r
     for label in labels:
         for r in result.groups[label]:
             r_rows.append([str(r.run.path), ids[label], label, r.task, r.seed, r.state, r.final_step, r.final,
-                           r.best_step, r.best, *_run_guardrail_cells(r)])
+                           r.best_step, r.best, *_run_guardrail_cells(r), r.dtype, r.machine])
     _write(result, "runs.csv", csv_text(
         ["run", "id", "group", "task", "seed", "state", "final_step", f"final_{metric}", "best_step", f"best_{metric}",
-         *_RUN_GUARD_COLUMNS], r_rows))
+         *_RUN_GUARD_COLUMNS, "dtype", "machine"], r_rows))
     _write(result, "improvement.csv", csv_text(
         ["x", "y", "score", "tasks", "p_x_beats_y", "ci_low", "ci_high"],
         [[ids[r["x"]], ids[r["y"]], r["score"], r["tasks"], r["value"], r["ci_low"], r["ci_high"]]
@@ -661,9 +683,15 @@ def _write_outputs(result: CompareResult, *, metric: str, confidence: float, n_r
         "",
         "## Runs",
         "",
-        markdown_table(["run", "id", "task", "seed", "final step", f"final {metric}", f"best {metric} (step)"],
-                       [[r.name, ids[lab], r.task, r.seed, r.final_step, f"{r.final:.3f}", f"{r.best:.3f} ({r.best_step})"]
-                        for lab in labels for r in result.groups[lab]], "lllrrrl"),
+        markdown_table(["run", "id", "task", "seed", "final step", f"final {metric}", f"best {metric} (step)",
+                        "dtype", "machine"],
+                       [[r.name, ids[lab], r.task, r.seed, r.final_step, f"{r.final:.3f}", f"{r.best:.3f} ({r.best_step})",
+                         r.dtype, r.machine or "?"]
+                        for lab in labels for r in result.groups[lab]], "lllrrrlll"),
+        "",
+        "dtype: the run's compute dtype (model.dtype, resolved when the run started); machine: its CPU "
+        "model and instruction-set capability (and GPU), from environment.json. Speeds compare only on "
+        "the same machine and dtype.",
         "",
     ]
     if result.skipped:

@@ -11,7 +11,7 @@ import torch
 
 from ..algorithms import needs_of
 from ..config import RunConfig
-from ..models import load_model
+from ..models import compute_dtype, load_model
 from .critic import Critic
 from .learner import Learner
 
@@ -22,7 +22,7 @@ def build_learner(cfg: RunConfig, model_path: str | Path, device: torch.device, 
     model = load_model(cfg.model, path=model_path, device=device)
     needs = needs_of(cfg.algorithm)
     full_copy = cfg.model.model_copy(update={"lora": None})
-    autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+    autocast_dtype = compute_dtype(cfg.model)
     reference = None
     if needs.reference and cfg.model.lora is None:  # (with LoRA: the base, adapters off)
         reference = load_model(full_copy, path=model_path, device=device).eval()

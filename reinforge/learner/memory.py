@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..algorithms import ADVANTAGE_ESTIMATORS, needs_of
+from ..models import resolve_device
+from ..precision import choose_dtype
 
 log = logging.getLogger("reinforge")
 
@@ -123,7 +125,10 @@ class MemoryEstimate:
 
 def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEstimate:
     """The estimate for a ``RunConfig`` and a model shape; ``prompt_tokens``: the longest prompt."""
-    bf16 = cfg.model.dtype == "bfloat16"
+    dtype = cfg.model.dtype
+    if dtype == "auto":  # what a run on this machine would choose (reinforge/precision.py)
+        dtype = choose_dtype("auto", resolve_device(cfg.model.device)).dtype
+    bf16 = dtype == "bfloat16"
     act = 2 if bf16 else 4  # bytes of a cached key or value
     lora = cfg.model.lora is not None
     needs = needs_of(cfg.algorithm)
@@ -157,7 +162,7 @@ def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEsti
     else:
         generation = {
             # rollout.hf_bf16_copy: the bf16 weights the HF backend decodes with
-            "generation_copy": 2 * P if cfg.rollout.resolved_hf_bf16_copy(cfg.model.dtype) else 0,
+            "generation_copy": 2 * P if cfg.rollout.resolved_hf_bf16_copy(dtype) else 0,
             "kv_cache": shape.layers * 2 * kv_dim * seq * gen_rows * act,
             # float32 log-probs, probabilities and the float64 cumulative sum of a decode step
             "generation_scores": 5 * gen_rows * shape.vocab * 4,

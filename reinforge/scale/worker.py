@@ -60,7 +60,7 @@ class RolloutWorker:
             if p not in sys.path:
                 sys.path.append(p)
         from ..config import RunConfig
-        from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
+        from ..models import compute_dtype, load_model, load_tokenizer, resolve_device, resolve_model_path
         from ..rewards import build_reward
         from ..rollout import build_generator
         from ..tasks import build_task
@@ -80,7 +80,7 @@ class RolloutWorker:
         self.model.requires_grad_(False)
         self.generator = build_generator(
             cfg.rollout, self.model, tokenizer, model_path=path, model_dtype=cfg.model.dtype,
-            autocast_dtype=torch.bfloat16 if cfg.model.dtype == "bfloat16" else None, seed=cfg.trainer.seed,
+            autocast_dtype=compute_dtype(cfg.model), seed=cfg.trainer.seed,
         )
         self.weight_load_s = 0.0
         # rollout.partial: weights arrive on their own thread (a Ray concurrency group) while a

@@ -39,7 +39,7 @@ from ..config import AlgorithmConfig, RunConfig
 from ..evaluation.runner import greedy_heldout_eval
 from ..evaluation.guardrails import Guardrails
 from ..learner import Learner
-from ..models import load_model, load_tokenizer, resolve_device, resolve_model_path
+from ..models import compute_dtype, load_model, load_tokenizer, resolve_device, resolve_model_path, resolve_precision
 from ..rewards import build_reward
 from ..rollout import SamplingParams, build_generator
 from ..tasks import build_task, encode_prompt
@@ -118,6 +118,7 @@ class SFTRunner:
 
             config = config.model_copy(update={"sft": SFTConfig()})
         self.cfg = config
+        self.precision: dict | None = None  # how model.dtype was chosen (set when the run starts)
         self.run_dir = run_dir
         self._resume = resume
         self._new_segment = new_segment
@@ -155,7 +156,7 @@ class SFTRunner:
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
         self.model = load_model(cfg.model, path=self.model_path, device=self.device)
-        self.autocast_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+        self.autocast_dtype = compute_dtype(cfg.model)
         self.stop_id = stop_token_id(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id
         self.data: list[TokenizedDemo] = (
@@ -172,7 +173,7 @@ class SFTRunner:
         self.nan_streak = 0
         self.round_data: dict[int, list[TokenizedDemo]] = {}
         if self.run_dir is None:
-            self.run_dir = RunDir.create(cfg, name=new_run_name(cfg))
+            self.run_dir = RunDir.create(cfg, name=new_run_name(cfg), precision=self.precision)
         if self._resume:
             self._restore()
 
@@ -353,6 +354,10 @@ class SFTRunner:
         if self.run_dir is not None:
             self.run_dir.acquire_writer()
         try:
+            if self.cfg.trainer.num_threads:  # (the dtype probe's ratio depends on the threads)
+                torch.set_num_threads(self.cfg.trainer.num_threads)
+            self.cfg, choice = resolve_precision(self.cfg)  # model.dtype=auto: before anything reads it
+            self.precision = choice.to_dict()
             if self._resume and self._check_resume:
                 plan_resume(self.run_dir, self.cfg, new_segment=self._new_segment)
             return self._run(resume_command)

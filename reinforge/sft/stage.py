@@ -35,7 +35,7 @@ def run_warm_start(trainer) -> Path | None:
     or None when the stage was interrupted (the RL run is then marked interrupted too)."""
     cfg = trainer.cfg
     if trainer.run_dir is None:  # created with the writer lock held, which Trainer.run gives back
-        trainer.run_dir = RunDir.create(cfg, name=cfg.tracking.run_name)
+        trainer.run_dir = RunDir.create(cfg, name=cfg.tracking.run_name, precision=trainer.precision)
     run = trainer.run_dir
     stage_dir = run.path / WARM_START_DIR
     final = run.warm_start_model()

@@ -106,6 +106,12 @@ def collect_environment(cwd: str | os.PathLike | None = None) -> tuple[dict[str,
         }
     except Exception as err:  # torch missing or broken: record, do not fail the run
         env["torch"] = {"version": None, "error": repr(err)}
+    try:  # the CPU's model and instruction-set capability decide how fast each dtype runs
+        from reinforge.precision import hardware_info
+
+        env["hardware"] = hardware_info()
+    except Exception as err:
+        env["hardware"] = {"error": repr(err)}
     env["packages"] = _installed_packages()
     git, diff = _git_info(cwd)
     env["git"] = git

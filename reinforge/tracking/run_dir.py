@@ -146,7 +146,8 @@ class RunDir:
     # -- creation / opening
 
     @classmethod
-    def create(cls, config: "RunConfig", *, name: str | None = None, kind: str = "train") -> "RunDir":
+    def create(cls, config: "RunConfig", *, name: str | None = None, kind: str = "train",
+               precision: dict | None = None) -> "RunDir":
         """Create ``<config.tracking.output_dir>/<name>`` and write config, environment, status.
 
         The name is ``name``, else ``config.tracking.run_name``, else
@@ -158,7 +159,8 @@ class RunDir:
 
         The returned RunDir holds the writer lock, taken before any file is written, so no other
         process can resume a half-made run; :meth:`release_writer` (or the process's end) gives
-        it back.
+        it back. ``precision``: how ``model.dtype`` was chosen (``reinforge.precision.DtypeChoice``),
+        recorded in environment.json.
         """
         if kind not in RUN_KINDS:
             raise ValueError(f"unknown run kind {kind!r}; accepted: {', '.join(RUN_KINDS)}")
@@ -201,6 +203,8 @@ class RunDir:
             start_history(run, config.to_dict())
         env, diff = collect_environment()
         env["seeds"] = {"trainer": config.trainer.seed, "task": config.task.seed}
+        if precision is not None:
+            env["precision"] = {k: v for k, v in precision.items() if k != "hardware"}
         if diff:
             data = diff.encode("utf-8")
             if len(data) > _MAX_GIT_DIFF_BYTES:
