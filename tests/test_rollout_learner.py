@@ -249,3 +249,107 @@ def test_chunked_learner_step_equals_full_logits(tiny_model, tiny_tokenizer, aut
         assert s1[key] == pytest.approx(s0[key], rel=rel, abs=1e-6)
     if autocast is None:  # bf16 matmuls round differently in chunks; their values are checked above
         _assert_grads_close(g1, g0, rel=1e-5)
+
+
+def _record_grads(learner) -> list[torch.Tensor]:
+    """A list that receives the gradients the learner's optimiser steps with."""
+    grads: list[torch.Tensor] = []
+    step = learner.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.extend(p.grad.detach().clone() for p in learner.params)
+        return step(*args, **kwargs)
+
+    learner.optimizer.step = recording_step
+    return grads
+
+
+def _rows_seen(model):
+    """A list that collects the batch size of every forward through ``model``'s embedding."""
+    seen: list[int] = []
+    model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(int(o.shape[0])))
+    return seen
+
+
+@pytest.mark.parametrize("agg,loss,stale,share", [
+    ("token_mean", "clipped", False, False), ("seq_mean_token_mean", "gspo", True, False),
+    ("token_sum_norm", "cispo", True, True), ("token_mean", "reinforce", False, True)])
+def test_zero_advantage_skip_equals_the_full_update(tiny_model, tiny_tokenizer, agg, loss, stale, share):
+    gen = HFGenerator(tiny_model, tiny_tokenizer)
+    rollout, adv = _batch(gen, tiny_tokenizer)
+    adv[4:8] = 0.0  # the middle group: all rewards equal, advantage 0
+    adv[0] = 0.0    # and one row of another group
+    old = None
+    if stale:  # a later mini-batch: the ratio is not 1, the clip can bind
+        old = Learner(tiny_model, LearnerConfig(), AlgorithmConfig()).compute_logprobs(rollout) - 0.05
+    algo = AlgorithmConfig(loss_agg=agg, policy_loss=loss)
+    results = []
+    for skip in (False, True):
+        model = copy.deepcopy(tiny_model)
+        seen = _rows_seen(model)
+        cfg = LearnerConfig(lr=1e-2, micro_batch_tokens=60, weight_decay=0.1, skip_zero_advantage=skip,
+                            share_prompt_prefix=share)
+        learner = Learner(model, cfg, algo, max_new_tokens=10)
+        grads = _record_grads(learner)
+        stats = learner.step(TrainBatch(rollout=rollout, advantages=adv, old_logprobs=old))
+        results.append((stats, grads, [p.detach().clone() for p in model.parameters()], sum(seen)))
+    (full, g_full, w_full, rows_full), (skipped, g_skip, w_skip, rows_skip) = results
+    if not share:  # (with a shared prefix a group's prompt runs once per micro-batch it spans)
+        assert rows_full == len(rollout) and rows_skip == len(rollout) - 5  # the 5 rows never ran
+    assert skipped["learner_rows_skipped"] == pytest.approx(5 / len(rollout)) and full["learner_rows_skipped"] == 0
+    for key in ("loss", "pg_loss"):
+        assert skipped[key] == pytest.approx(full[key], rel=1e-5, abs=1e-7), key
+    assert skipped["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-5)
+    for a, b in zip(g_full, g_skip):  # the gradient the optimiser stepped with
+        torch.testing.assert_close(b, a, atol=1e-7, rtol=1e-4)
+    # Adam divides by sqrt(v): float noise on near-zero gradients is amplified, hence the atol.
+    for a, b in zip(w_full, w_skip):
+        torch.testing.assert_close(b, a, atol=5e-4, rtol=1e-3)
+
+
+def test_all_zero_advantages_run_nothing_and_still_step_the_optimiser(tiny_model, tiny_tokenizer):
+    gen = HFGenerator(tiny_model, tiny_tokenizer)
+    rollout, _ = _batch(gen, tiny_tokenizer)
+    adv = torch.zeros(len(rollout))
+    weights = []
+    for skip in (False, True):
+        model = copy.deepcopy(tiny_model)
+        seen = _rows_seen(model)
+        learner = Learner(model, LearnerConfig(lr=1e-2, weight_decay=0.1, skip_zero_advantage=skip,
+                                               share_prompt_prefix=False), AlgorithmConfig())
+        stats = learner.step(TrainBatch(rollout=rollout, advantages=adv, old_logprobs=None))
+        assert stats["skipped"] == 0.0 and stats["grad_norm"] == 0.0
+        assert (sum(seen) == 0) == skip
+        weights.append([p.detach().clone() for p in model.parameters()])
+    for a, b, p0 in zip(*weights, tiny_model.parameters()):
+        torch.testing.assert_close(b, a)
+        assert not torch.equal(b, p0.detach())  # weight decay applied, as in the full update
+
+
+@pytest.mark.parametrize("change", ["kl_coef", "entropy_coef", "cov_penalty", "critic", "loss"])
+def test_zero_advantage_skip_is_off_when_something_reads_those_rows(tiny_model, tiny_tokenizer, change):
+    from reinforge.algorithms import POLICY_LOSSES, clipped_surrogate_loss, register_policy_loss
+    from reinforge.config import CriticConfig
+    from reinforge.learner.critic import Critic
+
+    gen = HFGenerator(tiny_model, tiny_tokenizer)
+    rollout, adv = _batch(gen, tiny_tokenizer)
+    adv[4:8] = 0.0
+    algo = {"kl_coef": AlgorithmConfig(kl_coef=0.1), "entropy_coef": AlgorithmConfig(entropy_coef=0.01),
+            "cov_penalty": AlgorithmConfig(cov_penalty="kl_cov"), "critic": AlgorithmConfig(),
+            "loss": AlgorithmConfig()}[change]
+    critic = Critic(copy.deepcopy(tiny_model), CriticConfig()) if change == "critic" else None
+    if change == "loss":  # a user's loss, not declared advantage-weighted
+        register_policy_loss("test_user_loss")(clipped_surrogate_loss)
+        algo = AlgorithmConfig(policy_loss="test_user_loss")
+    try:
+        learner = Learner(tiny_model, LearnerConfig(share_prompt_prefix=False), algo, critic=critic)
+        batch = TrainBatch(rollout=rollout, advantages=adv, old_logprobs=None,
+                           ref_logprobs=torch.zeros(rollout.completion_ids.shape) if change == "kl_coef" else None)
+        assert learner.rows_with_gradient(batch) is None
+        if change != "critic":  # (the critic's own step needs returns)
+            seen = _rows_seen(tiny_model)
+            stats = learner.step(batch)
+            assert stats["learner_rows_skipped"] == 0 and sum(seen) == len(rollout)
+    finally:
+        POLICY_LOSSES.unregister("test_user_loss")

@@ -50,12 +50,34 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss")
 
 
-def register_policy_loss(name: str, *, needs: Needs = Needs()):
+#: Losses whose every token's value and gradient is exactly 0 where its advantage is 0.
+_ADVANTAGE_WEIGHTED: set[str] = set()
+
+
+def register_policy_loss(name: str, *, needs: Needs = Needs(), advantage_weighted: bool = False):
     """Decorator: register a per-token policy loss as ``algorithm.policy_loss=name``. Signature
     ``(logprobs, old_logprobs, advantages, mask, *, clip_eps_low, clip_eps_high, dual_clip) ->
     (per_token [N, T], 0 off the mask, {"clip_fraction", "ratio_mean", "ratio_max"})``;
-    ``needs`` declares what it needs beyond the batch (see ``Needs``)."""
-    return POLICY_LOSSES.register(name, needs=needs)
+    ``needs`` declares what it needs beyond the batch (see ``Needs``). ``advantage_weighted``:
+    a token with advantage 0 contributes exactly 0 to the loss and its gradient, and a row's loss
+    reads no other row, which lets the learner leave rows with zero advantage out of the update
+    (``learner.skip_zero_advantage``)."""
+    register = POLICY_LOSSES.register(name, needs=needs)
+
+    def add(fn):
+        register(fn)
+        if advantage_weighted:
+            _ADVANTAGE_WEIGHTED.add(name)
+        else:
+            _ADVANTAGE_WEIGHTED.discard(name)
+        return fn
+
+    return add
+
+
+def is_advantage_weighted(name: str) -> bool:
+    """Whether the policy loss ``name`` was registered as advantage-weighted."""
+    return name in _ADVANTAGE_WEIGHTED
 
 
 def _masked_log_ratio(num: Tensor, den: Tensor, mask: Tensor) -> Tensor:
@@ -70,7 +92,7 @@ def _masked_log_ratio(num: Tensor, den: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, num - den, zero)
 
 
-@register_policy_loss("clipped")
+@register_policy_loss("clipped", advantage_weighted=True)
 def clipped_surrogate_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -154,7 +176,7 @@ def _ratio_stats(ratio: Tensor, mask: Tensor, clipped: Tensor) -> dict[str, Tens
         }
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", advantage_weighted=True)
 def gspo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -198,7 +220,7 @@ def gspo_loss(
     return per_token, _ratio_stats(ratio, mask, clipped < unclipped)
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", advantage_weighted=True)
 def cispo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -233,7 +255,7 @@ def cispo_loss(
     return per_token, _ratio_stats(ratio, mask, weight != ratio)
 
 
-@register_policy_loss("reinforce")
+@register_policy_loss("reinforce", advantage_weighted=True)
 def reinforce_loss(
     logprobs: Tensor,
     old_logprobs: Tensor | None,

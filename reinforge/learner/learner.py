@@ -11,6 +11,7 @@ action mask: tokens the model did not write (tool output) are context only.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from ..algorithms import (
     apply_cov_penalty,
     covariance_token_selection,
     entropy_from_logits,
+    is_advantage_weighted,
     kl_penalty,
     policy_loss,
     tokens_with_gradient,
@@ -75,6 +77,10 @@ class Learner:
         self.autocast_dtype = autocast_dtype
         self.reference_model = reference_model
         self.last_fresh_logprobs: torch.Tensor | None = None
+        self.last_fresh_rows: torch.Tensor | None = None  # [N] bool: the rows last_fresh_logprobs holds
+        # Called before each micro-batch of ``step`` (nothing is applied until its optimiser step):
+        # the trainer's stop control raises there to abandon the update within one micro-batch.
+        self.before_micro_batch: Callable[[], None] | None = None
         # A KV cache cannot be kept under activation checkpointing, so sharing is off there.
         checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x name
         if checkpointing is None:
@@ -203,14 +209,20 @@ class Learner:
             self.data_parallel.all_reduce_(out)
         return out
 
-    def _plan(self, rollout: RolloutBatch) -> list[torch.Tensor]:
-        """The batch's micro-batches. Data-parallel: a smaller token budget where the batch would
-        leave ranks idle or unevenly loaded (one that fits one micro-batch would use one rank)."""
+    def _plan(self, rollout: RolloutBatch, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The micro-batches of the batch (or of its ``rows``), as row indices into it.
+        Data-parallel: a smaller token budget where the batch would leave ranks idle or unevenly
+        loaded (one that fits one micro-batch would use one rank)."""
+        if rows is None:
+            rows = torch.arange(len(rollout))
+        if len(rows) == 0:
+            return []
+
         def plan(budget: int) -> list[torch.Tensor]:
-            return plan_micro_batches(
-                rollout.prompt_mask.sum(dim=1), rollout.completion_mask.sum(dim=1), budget,
-                group_index=rollout.group_index if self.share_prefix else None,
-            )
+            return [rows[mb] for mb in plan_micro_batches(
+                rollout.prompt_mask[rows].sum(dim=1), rollout.completion_mask[rows].sum(dim=1), budget,
+                group_index=rollout.group_index[rows] if self.share_prefix else None,
+            )]
 
         budget = self.cfg.micro_batch_tokens
         out = plan(budget)
@@ -220,10 +232,25 @@ class Learner:
             def unbalanced(n: int) -> bool:  # ranks idle, or one with a whole extra micro-batch of few
                 return n < w or (n % w != 0 and n < 4 * w)
 
-            while unbalanced(len(out)) and len(out) < len(rollout) and budget > 1:
+            while unbalanced(len(out)) and len(out) < len(rows) and budget > 1:
                 budget //= 2
                 out = plan(budget)
         return out
+
+    def rows_with_gradient(self, batch: TrainBatch) -> torch.Tensor | None:
+        """The rows the update must run (``learner.skip_zero_advantage``): those with a non-zero
+        advantage on a trained token. None when every row must run because something besides the
+        advantage-weighted policy loss reads them: a KL term, an entropy bonus, a covariance
+        penalty, a critic, or a policy loss not registered as advantage-weighted."""
+        algo = self.algo
+        if (not self.cfg.skip_zero_advantage or algo.kl_coef > 0 or algo.entropy_coef > 0
+                or algo.cov_penalty != "none" or self.critic is not None
+                or not is_advantage_weighted(algo.policy_loss)):
+            return None
+        adv = batch.advantages
+        mask = batch.effective_loss_mask
+        nonzero = (adv != 0) & mask if adv.dim() == 2 else (adv != 0)[:, None] & mask
+        return nonzero.any(dim=1).nonzero().squeeze(1)
 
     # -- the update --------------------------------------------------------------------------
     def step(self, batch: TrainBatch) -> dict[str, float]:
@@ -277,10 +304,25 @@ class Learner:
         # kept so that the sampler/learner mismatch can be measured without another forward.
         fresh = torch.zeros(rollout.completion_ids.shape) if batch.old_logprobs is None else None
         self.last_fresh_logprobs = fresh
-        plan = self._plan(rollout)
+        # Rows whose advantage is 0 everywhere add exactly 0 to this loss and its gradient: they
+        # are left out of the passes, and the normalisers above stay the whole batch's.
+        run_rows = self.rows_with_gradient(batch)
+        ran = torch.ones(len(rollout), dtype=torch.bool)
+        metric_tokens = max(float(loss_mask.sum()), 1.0)
+        if run_rows is not None:
+            ran = torch.zeros(len(rollout), dtype=torch.bool).index_fill_(0, run_rows, True)
+            metric_tokens = max(float(loss_mask[ran].sum()), 1.0)
+        self.last_fresh_rows = ran
+        plan = self._plan(rollout, run_rows)
         if self.data_parallel is not None:  # this rank's micro-batches; normalisers stay whole-batch
             plan = self.data_parallel.shard(plan)
         for rows in plan:
+            if self.before_micro_batch is not None:
+                try:
+                    self.before_micro_batch()
+                except BaseException:
+                    self.optimizer.zero_grad(set_to_none=True)  # abandoned: no gradient is left behind
+                    raise
             mi = self._inputs(rollout, rows)
             cw = mi.completion_ids.shape[1]
 
@@ -307,7 +349,7 @@ class Learner:
                 per_token = per_token * part(batch.is_weights).to(per_token.dtype)
             pg = aggregate_loss(per_token, m, algo.loss_agg, **agg)
             loss = pg
-            entropy = aggregate_loss(ent, m, "token_mean", num_tokens=float(loss_mask.sum().clamp(min=1)))
+            entropy = aggregate_loss(ent, m, "token_mean", num_tokens=metric_tokens)
             if algo.entropy_coef > 0:
                 loss = loss - algo.entropy_coef * entropy
             if use_kl:
@@ -323,8 +365,14 @@ class Learner:
             sums["loss"] += float(loss.detach())
             sums["pg_loss"] += float(pg.detach())
             sums["entropy"] += float(entropy.detach())
-            sums["clip_fraction"] += float(stats["clip_fraction"]) * n_tok / max(float(loss_mask.sum()), 1.0)
+            sums["clip_fraction"] += float(stats["clip_fraction"]) * n_tok / metric_tokens
             sums["ratio_max"] = max(sums["ratio_max"], float(stats["ratio_max"]))
+        if finite and run_rows is not None:
+            # A zero gradient, not none: AdamW still decays the weights and its moments, as the
+            # full update over all-zero-advantage rows would.
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         if self.data_parallel is not None:  # sum gradients and stats over ranks: the whole batch's
             finite = self.data_parallel.reduce(self.params, sums, finite, fresh)
         grad_norm, finite = guarded_step(
@@ -332,6 +380,7 @@ class Learner:
         )
         return {
             **sums,
+            "learner_rows_skipped": float((~ran).sum()) / max(len(rollout), 1),
             "grad_norm": grad_norm,
             "lr": self.scheduler.get_last_lr()[0],
             "skipped": 0.0 if finite else 1.0,

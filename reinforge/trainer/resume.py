@@ -60,6 +60,7 @@ FREE_KEYS = (
     "tracking.trackio",
     # speed and memory: same algorithm, possibly other float rounding
     "learner.micro_batch_tokens", "learner.logits_chunk_tokens", "learner.share_prompt_prefix",
+    "learner.skip_zero_advantage",
     "model.gradient_checkpointing", "model.device", "rollout.generation_batch_size", "rollout.vllm_kv_cache_gb",
     "rollout.vllm_gpu_memory_utilization", "rollout.vllm_enforce_eager", "rollout.vllm_max_model_len",
     # the SFT stage's evaluation and checkpoint cadence (reinforge/sft)
