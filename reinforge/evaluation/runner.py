@@ -65,36 +65,50 @@ def generate_and_score(generator, reward_fn, examples: Sequence["Example"], enco
 
 def greedy_heldout_eval(
     generator, reward_fn, examples: Sequence["Example"], encode: Callable, *, max_new_tokens: int, seed: int,
-    guardrails: "Guardrails | None" = None,
+    guardrails: "Guardrails | None" = None, progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, Any], list[dict]]:
     """Greedy answers on the held-out prompts (the trainer's periodic evaluation). Accuracy counts
     fully correct answers only. Returns (summary with bootstrap intervals, per-prompt rows).
 
     With ``guardrails`` the summary also holds their record ("guardrails", and its numbers as flat
     keys: well_formed, best_constant_accuracy, ...) and each row its "extracted" answer and
-    "well_formed" flag (reinforge/evaluation/guardrails.py)."""
+    "well_formed" flag (reinforge/evaluation/guardrails.py). ``progress(done, total)`` is called
+    after each generation batch (the generator's own batch size, so the batches, and the answers,
+    are those of one call)."""
     from reinforge.rollout import SamplingParams
 
-    rollout, scores = generate_and_score(
-        generator, reward_fn, examples, encode,
-        SamplingParams(num_samples=1, max_new_tokens=max_new_tokens, greedy=True),
-    )
-    outcomes = scores.outcomes
+    params = SamplingParams(num_samples=1, max_new_tokens=max_new_tokens, greedy=True)
+    examples = list(examples)
+    chunk = getattr(generator, "batch_size", None) if progress is not None else None
+    if not chunk or chunk >= len(examples):
+        rollout, scores = generate_and_score(generator, reward_fn, examples, encode, params)
+        texts, outcomes, lengths = rollout.texts, scores.outcomes, rollout.action_lengths
+        episodes = getattr(rollout, "episodes", None)
+    else:
+        texts, outcomes, lengths, episodes = [], [], [], []
+        for start in range(0, len(examples), chunk):
+            rollout, scores = generate_and_score(generator, reward_fn, examples[start:start + chunk], encode, params)
+            texts += rollout.texts
+            outcomes += scores.outcomes
+            lengths.append(rollout.action_lengths)
+            episodes += getattr(rollout, "episodes", None) or []
+            progress(min(start + chunk, len(examples)), len(examples))
+        lengths = torch.cat(lengths)
+        episodes = episodes or None
     correct = [float(o.correct) for o in outcomes]
     rewards = [o.reward for o in outcomes]
     summary = accuracy_summary(correct, rewards, seed=seed)
-    summary["completion_length"] = float(rollout.action_lengths.float().mean())
+    summary["completion_length"] = float(lengths.float().mean())
     per_prompt = [
         {"id": e.id, "answer": e.answer, "completion": t, "correct": c, "reward": r}
-        for e, t, c, r in zip(examples, rollout.texts, correct, rewards)
+        for e, t, c, r in zip(examples, texts, correct, rewards)
     ]
     if guardrails is not None:
-        record, extra = guardrails.measure(examples, [[t] for t in rollout.texts], [[c] for c in correct])
+        record, extra = guardrails.measure(examples, [[t] for t in texts], [[c] for c in correct])
         for row, x in zip(per_prompt, extra):
             row["extracted"], row["well_formed"] = x["answers"][0], x["well_formed"][0]
         summary.update(flat_metrics(record))
         summary["guardrails"] = record
-    episodes = getattr(rollout, "episodes", None)
     if episodes is not None:  # agents: turns used, tool-call validity, the whole trajectory
         from reinforge.agents import agent_metrics
 

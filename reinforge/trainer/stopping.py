@@ -15,6 +15,16 @@ SIGKILL 30 s later by default); a person stops one with Ctrl-C. Both are handled
 - **second signal**: stops at once (KeyboardInterrupt), except while a checkpoint is being
   written, which is finished first: the previous complete checkpoint stays the latest either way.
 
+The update and the held-out evaluation are abandonable too: the learner checks between two
+micro-batches of its first optimiser step of the step (nothing is applied before that step), and
+an evaluation changes nothing until it is written. So a stop takes effect within the grace period
+plus one micro-batch, however slow the machine.
+
+Python runs a signal handler only between two bytecodes of the main thread, so a signal that
+arrives during one long native call (a backward pass) would wait for it to return. A watcher
+thread reads the signal from ``signal.set_wakeup_fd`` as soon as it arrives and, if the handler
+has not run within half a second, says at once that the stop is coming.
+
 The controller only sets flags and raises exceptions from the signal handler; the trainer marks
 where a step may be abandoned (:meth:`StopControl.abandonable`) and where it must not be
 interrupted (:meth:`StopControl.critical`).
@@ -22,9 +32,11 @@ interrupted (:meth:`StopControl.critical`).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -59,6 +71,9 @@ class StopControl:
         self._timer_fired = threading.Event()  # set by the grace timer just before its wake-up signal
         self._saved: dict[int, object] = {}
         self._lock = threading.Lock()
+        self._handled = 0               # signals the Python-level handler has run for
+        self._timer_sent = 0            # wake-up signals the grace timer sent
+        self._wakeup: tuple[int, int, int] | None = None  # (read fd, write fd, the previous wakeup fd)
 
     # -- installation --------------------------------------------------------------------------
     @contextmanager
@@ -68,6 +83,7 @@ class StopControl:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._saved[sig] = signal.signal(sig, self._on_signal)
+            self._start_watcher()
         try:
             yield self
         finally:
@@ -78,6 +94,56 @@ class StopControl:
                 for sig, old in self._saved.items():
                     signal.signal(sig, old)
                 self._saved.clear()
+                self._stop_watcher()
+
+    def _start_watcher(self) -> None:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread after all
+            os.close(r), os.close(w)
+            return
+        self._wakeup = (r, w, previous)
+        threading.Thread(target=self._watch, args=(r,), name="reinforge-signal-watcher", daemon=True).start()
+
+    def _stop_watcher(self) -> None:
+        if self._wakeup is None:
+            return
+        r, w, previous = self._wakeup
+        self._wakeup = None
+        signal.set_wakeup_fd(previous)
+        os.close(w)  # the watcher's read returns b"" and it ends; it closes the read end
+
+    def _watch(self, r: int) -> None:
+        received = timer_seen = 0
+        try:
+            while True:
+                data = os.read(r, 64)
+                if not data:
+                    return
+                for signum in data:
+                    if signum not in STOP_SIGNALS:
+                        continue
+                    if signum == signal.SIGTERM and timer_seen < self._timer_sent:
+                        timer_seen += 1
+                        continue  # the grace timer's own wake-up
+                    received += 1
+                    deadline = time.monotonic() + 0.5
+                    while self._handled < received and time.monotonic() < deadline:
+                        time.sleep(0.02)
+                    if self._handled < received:  # the main thread is inside one long native call
+                        self._say(f"{signal.Signals(signum).name} received: the stop takes effect when the "
+                                  "computation under way reaches a safe point (the next micro-batch or "
+                                  "decode step)")
+                        received = self._handled
+        except OSError:
+            return
+        finally:
+            try:
+                os.close(r)
+            except OSError:
+                pass
 
     # -- phases --------------------------------------------------------------------------------
     def steps_begin(self) -> None:
@@ -95,6 +161,13 @@ class StopControl:
             yield
         finally:
             self._phase = "step"
+
+    def check_abandon(self) -> None:
+        """Raise StepAbandoned if a stop was asked for and its grace period is over: called by
+        work that is safe to abandon at this point but runs in native calls the signal handler
+        cannot interrupt (the learner, between two micro-batches before its optimiser step)."""
+        if self.requested and self._grace_over:
+            raise StepAbandoned
 
     @contextmanager
     def critical(self) -> Iterator[None]:
@@ -119,7 +192,8 @@ class StopControl:
             self._timer_fired.clear()  # the grace timer's own wake-up, not a second signal
             if self._phase == "abandonable":
                 raise StepAbandoned
-            return  # the update is under way: the step finishes, then the run stops
+            return  # the update is under way: it checks between micro-batches (check_abandon)
+        self._handled += 1
         if self._phase == "startup":
             self.requested, self.signal_name = True, name
             raise StartupInterrupted(name)
@@ -148,6 +222,7 @@ class StopControl:
                     return
                 self._grace_over = True
                 self._timer_fired.set()
+                self._timer_sent += 1
                 # A real signal, so that a main thread blocked in a wait wakes up (EINTR) and
                 # runs the handler; the lock keeps the handlers installed until it is sent.
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)

@@ -42,7 +42,7 @@ from ..evaluation.guardrails import Guardrails
 from ..evaluation.runner import generate_and_score, greedy_heldout_eval
 from ..learner.build import build_learner
 from ..learner.memory import check_memory
-from ..models import load_tokenizer, resolve_device, resolve_model_path
+from ..models import load_tokenizer, resolve_device, resolve_model_path, resolve_precision
 from ..reward_models.guard import RewardHackingGuard
 from ..rewards import Scores, build_reward, concat_scores
 from ..rollout import SamplingParams, build_generator
@@ -60,7 +60,7 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from .progress import Progress
+from .progress import EvalProgress, Progress
 from .resume import ResumePlan, apply_optimizer_settings, plan_resume, record_segment
 from .stopping import StartupInterrupted, StepAbandoned, StopControl
 from .summary import write_run_summary
@@ -149,8 +149,18 @@ class Trainer:
         self.sft_stop_after_step: int | None = None
         self._plan: ResumePlan | None = None      # the resume's checked plan (its intact checkpoint)
         self._stop = StopControl(config.trainer.stop_grace_s)
+        self.precision: dict | None = None  # how model.dtype was chosen (set when the run starts)
+        self._bar: Progress | None = None
 
     # -- setup -------------------------------------------------------------------------------
+    def _resolve_precision(self) -> None:
+        """``model.dtype=auto`` becomes the dtype this hardware computes fastest, before anything
+        reads it (the run directory's config.yaml records the result, so a resume keeps it)."""
+        if self.cfg.trainer.num_threads:  # (the probe's fp32/bf16 ratio depends on the threads)
+            torch.set_num_threads(self.cfg.trainer.num_threads)
+        self.cfg, choice = resolve_precision(self.cfg, resolve_device(self.cfg.model.device))
+        self.precision = choice.to_dict()
+
     def _setup(self) -> None:
         cfg = self.cfg
         if cfg.trainer.num_threads:
@@ -205,7 +215,7 @@ class Trainer:
         self.start_step = 0
         self.nan_streak = 0
         if self.run_dir is None:
-            self.run_dir = RunDir.create(cfg, name=cfg.tracking.run_name)
+            self.run_dir = RunDir.create(cfg, name=cfg.tracking.run_name, precision=self.precision)
         # Where a step's scored groups come from: this process (``gather``), or rollout workers
         # elsewhere (scale.mode=ray: reinforge/scale/), which get the weights through ``sync``.
         self.source = None
@@ -280,14 +290,32 @@ class Trainer:
 
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy answers on the held-out prompts; accuracy counts fully correct answers only."""
-        summary, per_prompt = greedy_heldout_eval(  # shared with `reinforge eval`
-            self.generator, self.reward_fn, self.eval_examples, self._encode,
-            max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.trainer.seed,
-            guardrails=self.guardrails,
-        )
+        """Greedy answers on the held-out prompts; accuracy counts fully correct answers only.
+        Abandonable (nothing is written until it ends): a stop past its grace period raises
+        StepAbandoned, and a resume evaluates that step again."""
+        t0 = time.perf_counter()
+        bar = self._bar
+        progress = None
+        if bar is not None and bar.enabled:
+            label = f"held-out evaluation at step {step}"
+            bar.say(f"reinforge: {label}: {len(self.eval_examples)} prompts, greedy")
+            progress = EvalProgress(bar.say, label)
+        with self._stop.abandonable():
+            summary, per_prompt = greedy_heldout_eval(  # shared with `reinforge eval`
+                self.generator, self.reward_fn, self.eval_examples, self._encode,
+                max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.trainer.seed,
+                guardrails=self.guardrails, progress=progress,
+            )
         self.run_dir.log_eval(step, summary, per_prompt)
+        if bar is not None:
+            bar.evaluated(time.perf_counter() - t0)
         return summary
+
+    def _is_eval_step(self, step: int) -> bool:
+        t = self.cfg.trainer
+        if step == 0:
+            return t.eval_at_start
+        return step == t.steps or bool(t.eval_every and step % t.eval_every == 0)
 
     # -- the phases of one step --------------------------------------------------------------
     def collect(self, indices: list[int], num_samples: int | None = None, key: tuple[int, int] = (0, 0)) -> Collected:
@@ -452,7 +480,15 @@ class Trainer:
                     # The first update sees fresh samples: the current log-probs (detached) are the
                     # old ones exactly, while a separate forward pass would differ by rounding.
                     mb = dataclasses.replace(mb, old_logprobs=None)
-                updates.append(self.learner.update(mb, train_policy=not critic_only))
+                # Until the first optimiser step nothing is applied: a stop past its grace period
+                # abandons the step between two micro-batches (one process; ranks of a
+                # data-parallel learner must finish their collectives together).
+                first = epoch == 0 and i == 0 and not critic_only and self.cfg.scale.learners == 1
+                self.learner.before_micro_batch = self._stop.check_abandon if first else None
+                try:
+                    updates.append(self.learner.update(mb, train_policy=not critic_only))
+                finally:
+                    self.learner.before_micro_batch = None
         stats = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]} if updates[0] else {}
         if "ratio_max" in stats:
             stats["ratio_max"] = max(u["ratio_max"] for u in updates)
@@ -462,8 +498,10 @@ class Trainer:
         sampler_has_own_weights = self.generator.needs_sync or self.source is not None
         if batch.old_logprobs is None and sampler_has_own_weights and not critic_only and not stats["skipped"]:
             # One update on fresh samples: its forward pass gave the learner's log-probs.
-            stats.update(mismatch_stats(self.learner.last_fresh_logprobs, rollout.sampler_logprobs,
-                                        rollout.action_mask))
+            # (over the rows the update ran: learner.skip_zero_advantage leaves some out)
+            ran = self.learner.last_fresh_rows
+            mask = rollout.action_mask if ran is None else rollout.action_mask & ran[:, None]
+            stats.update(mismatch_stats(self.learner.last_fresh_logprobs, rollout.sampler_logprobs, mask))
         return stats
 
     def sync(self, step: int) -> None:
@@ -573,6 +611,7 @@ class Trainer:
         try:
             with self._stop.installed():
                 try:
+                    self._resolve_precision()
                     if self._resume:
                         self._plan = plan_resume(self.run_dir, self.cfg, new_segment=self._new_segment)
                     if self.cfg.sft is not None:  # the warm start before RL (reinforge/sft/stage.py)
@@ -656,9 +695,16 @@ class Trainer:
         checkpointed = self.start_step if self._resume else 0
         last_eval: dict[str, float] = {}
         try:
-            with Progress(total=cfg.trainer.steps, start=self.start_step, enabled=cfg.tracking.progress) as bar:
-                if cfg.trainer.eval_at_start and 0 not in rd.eval_steps():
-                    last_eval = self.evaluate(0)
+            evals_left = lambda s: sum(self._is_eval_step(k) for k in range(s + 1, cfg.trainer.steps + 1))  # noqa: E731
+            with Progress(total=cfg.trainer.steps, start=self.start_step, enabled=cfg.tracking.progress,
+                          evals_left=evals_left) as bar:
+                self._bar = bar
+                # The start's evaluation, or one a stop abandoned after the checkpointed step.
+                if self._is_eval_step(self.start_step) and self.start_step not in rd.eval_steps():
+                    try:
+                        last_eval = self.evaluate(self.start_step)
+                    except StepAbandoned:
+                        raise StopRequested from None
                     bar.update(self.start_step, eval=last_eval)
                 for step in range(self.start_step + 1, cfg.trainer.steps + 1):
                     if self._stop.requested:  # came during the first evaluation: no step begun
@@ -692,8 +738,15 @@ class Trainer:
                             "raise learner.grad_clip's strictness, then resume."
                         )
                     is_last = step == cfg.trainer.steps
-                    if is_last or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0):
-                        last_eval = self.evaluate(step)
+                    if self._is_eval_step(step):
+                        try:
+                            last_eval = self.evaluate(step)
+                        except StepAbandoned:  # the step stands; its evaluation is made on resume
+                            print(f"reinforge: the evaluation of step {step} was still running after the "
+                                  f"{cfg.trainer.stop_grace_s:g} s grace period: abandoned, it is made on "
+                                  "resume", file=sys.stderr)
+                            self._checkpoint(step)
+                            raise StopRequested from None
                     stopping = self._stop_requested or self._stop.requested
                     if is_last or stopping or (
                         cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0
