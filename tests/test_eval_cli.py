@@ -126,6 +126,15 @@ def test_loaded_final_model_reproduces_the_trainers_last_greedy_eval(setup):
     assert per_prompt == rd.read_eval_details(2)
     assert summary["accuracy"] == rd.read_evals()[-1]["accuracy"]
     assert summary["guardrails"] == rd.read_evals()[-1]["guardrails"]
+    # with progress reported after each generation batch: the same answers, counted as they come
+    calls = []
+    summary2, per_prompt2 = greedy_heldout_eval(
+        HFGenerator(model, tok, batch_size=4), ev.reward_fn, ev.examples, functools.partial(encode_prompt, tok),
+        max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.trainer.seed, guardrails=ev.guardrails,
+        progress=lambda done, total: calls.append((done, total)))
+    n = len(ev.examples)
+    assert calls == [(min(k, n), n) for k in range(4, n + 4, 4)]
+    assert per_prompt2 == per_prompt and summary2 == summary
 
 
 def test_temperature_zero_is_greedy_and_matches_the_trainers_held_out_eval(setup):

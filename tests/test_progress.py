@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reinforge.trainer.progress import Progress
+from reinforge.trainer.progress import EvalProgress, Progress
 
 
 def test_eta_appears_only_once_it_is_known(capsys):
@@ -27,3 +27,24 @@ def test_resumed_run_waits_for_its_own_first_step(capsys):
 def test_disabled_progress_prints_nothing(capsys):
     Progress(total=2, enabled=False).update(1, metrics={"reward_mean": 0.0, "tokens_per_s": 1.0})
     assert capsys.readouterr().err == ""
+
+
+def test_the_eta_times_steps_and_evaluations_apart_and_is_announced_once(capsys):
+    bar = Progress(total=10, start=0, evals_left=lambda s: sum(k % 5 == 0 for k in range(s + 1, 11)))
+    bar.evaluated(30.0)  # the step-0 evaluation took 30 s ...
+    # ... then 2 steps in 20 s: 10 s a step, 8 steps and 2 evaluations (5, 10) of 30 s to go
+    assert bar.eta(2, elapsed=50.0) == 8 * 10.0 + 2 * 30.0
+    bar._t0 -= 50.0
+    bar.update(2, metrics={"reward_mean": 0.1, "tokens_per_s": 10.0})
+    bar.update(3, metrics={"reward_mean": 0.1, "tokens_per_s": 10.0})
+    err = capsys.readouterr().err
+    assert err.count("the run should end in about") == 1
+    assert "8 steps to go and 2 held-out evaluations" in err and "s a step" in err
+
+
+def test_a_long_evaluation_reports_its_progress(capsys):
+    said = []
+    progress = EvalProgress(said.append, "held-out evaluation at step 0", every_s=0.0)
+    progress(64, 200)
+    progress(200, 200)  # the end is not announced: the evaluation's result is
+    assert len(said) == 1 and "held-out evaluation at step 0: 64/200 prompts" in said[0] and "left" in said[0]

@@ -296,6 +296,25 @@ def test_sigterm_past_the_grace_period_abandons_the_step_and_resumes_exactly(roo
     _assert_same_as_straight(root, run)
 
 
+def test_sigterm_past_the_grace_period_abandons_an_evaluation_which_the_resume_makes(root):
+    # eval_every=1: step 1 is logged, then its held-out evaluation is held in scoring
+    proc, run, gate = _held_in_step_2(root, "term-eval", "trainer.eval_every=1", "trainer.stop_grace_s=0.5")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)  # the gate stays: only abandoning ends the evaluation
+    finally:
+        gate.unlink()
+    assert proc.returncode == 0, out
+    assert "the evaluation of step 1 was still running after the 0.5 s grace period: abandoned" in out
+    assert "Traceback" not in out
+    rd = RunDir.open(run)
+    assert rd.status()["state"] == "interrupted" and rd.status()["step"] == 1
+    assert [s for s, _ in list_checkpoints(run)] == [1] and rd.eval_steps() == []
+    assert main(["train", "--resume", str(run)]) == 0
+    assert RunDir.open(run).eval_steps() == [1, 2, 3, 4, 5]
+    _assert_same_as_straight(root, run)
+
+
 def test_a_second_signal_stops_at_once_with_the_last_checkpoint_intact(root):
     proc, run, gate = _held_in_step_2(root, "term-twice")
     try:
