@@ -17,7 +17,7 @@ from reinforge.tracking import RunDir
 from reinforge.trainer import Trainer
 
 # Values the two runs must share to float tolerance (the gradient sum's addition order differs).
-CLOSE_KEYS = ("loss", "pg_loss", "grad_norm", "entropy", "clip_fraction", "advantage_abs_mean")
+CLOSE_KEYS = ("loss", "pg_loss", "grad_norm", "entropy", "clip_fraction", "advantage_abs_mean", "kl")
 EXACT_KEYS = ("reward_mean", "accuracy", "generated_tokens", "completion_length")
 
 
@@ -77,7 +77,7 @@ def test_two_learner_ranks_train_what_one_does_through_a_resume(tmp_path, tiny_m
             assert x[key] == y[key], (key, x["step"])
         for key in CLOSE_KEYS:
             assert y[key] == pytest.approx(x[key], rel=1e-4, abs=1e-6), (key, x["step"])
-    assert a[0]["kl"] == 0 or b[0]["kl"] == pytest.approx(a[0]["kl"], rel=1e-4, abs=1e-7)
+    assert a[-1]["kl"] > 0  # the reference forward (sharded like the others) was in the loss
     wa, wb = _weights(one.run_dir), _weights(two.run_dir)
     for name, value in wa.items():
         torch.testing.assert_close(wb[name], value, rtol=1e-4, atol=1e-5)
