@@ -3,23 +3,33 @@
 Measures, for each framework, generated completion tokens per second end to end (generation,
 reward, update: the whole RL step) and peak resident memory, then their ratios.
 
-Each framework runs in a fresh subprocess of this script (``--worker reinforge|trl``), so the
-peak RSS of one is not polluted by the other, or by the parent (the parent imports neither torch
-nor transformers; preparing the model also happens in a subprocess of its own).
+Each framework runs in a fresh subprocess of this script (``--worker NAME``), so the peak RSS of
+one is not polluted by the other, or by the parent (the parent imports neither torch nor
+transformers; preparing the model, and reading the CPU's capabilities, happen in a subprocess of
+their own).
 
-Same configuration for both: model, prompts (same reasoning-gym task, options and seed, in the same
-order: the order reinforge's seeded EpochSampler draws them), G samples per prompt, max new
+Frameworks: ``reinforge``; ``trl`` (GRPOTrainer, the whole P*G batch in one forward/backward);
+``trl_accum`` (GRPOTrainer, memory-matched: the same one generation of P*G completions and one
+optimizer step per RL step, the update in ``--trl-accum`` micro-batches by gradient
+accumulation). ``--pairs N`` runs every framework N times, alternating the order (odd rounds as
+given, even rounds reversed), and reports each round, then the median and range.
+
+Same configuration for all: model, prompts (same reasoning-gym task, options and seed, in the
+same order: the order reinforge's seeded EpochSampler draws them), G samples per prompt, max new
 tokens, temperature 1.0, top_p 1.0 (no top-k), lr 1e-6, AdamW betas (0.9, 0.99), constant lr,
-grad-norm clip 1.0, no KL term, one optimisation pass per batch, fp32, no gradient checkpointing,
-the same reward function (reinforge's reward built from the task: the reasoning-gym score of the
-answer in the completion text), token-mean loss aggregation (TRL loss_type="dapo"), group-std
-scaled advantages.
+grad-norm clip 1.0, no KL term, one optimisation pass per batch, the same explicit dtype
+(``--dtype``: reinforge model.dtype, TRL bf16=True/False over fp32 weights), no gradient
+checkpointing, the same reward function (reinforge's reward built from the task: the
+reasoning-gym score of the answer in the completion text), token-mean loss aggregation (TRL
+loss_type="dapo"), group-std scaled advantages.
 
-    python benchmarks/bench_vs_trl.py --model tiny --steps 1 --warmup 1 --max-new-tokens 16  # quick check
-    python benchmarks/bench_vs_trl.py                                                       # SmolLM2-135M
+    python benchmarks/bench_vs_trl.py --model tiny --steps 2 --warmup 1 --max-new-tokens 16 --pairs 1  # quick check
+    python benchmarks/bench_vs_trl.py    # SmolLM2-135M, fp32, reinforge vs trl vs trl_accum, 3 pairs
 
 Tokens/s = real (unpadded, up to and including the stop token) completion tokens summed over the
-measured steps / summed wall time of the measured steps. Warm-up steps are run but not measured.
+measured steps / summed wall time of the measured steps. A step is one RL step: one generation
+round and one optimizer step (for trl_accum, all its micro-batches). Warm-up steps are run but
+not measured.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ import datetime as _dt
 import json
 import os
 import platform
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +52,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "vs_trl.json"
-FRAMEWORKS = ("reinforge", "trl")
+FRAMEWORKS = ("reinforge", "trl", "trl_accum")
+TRL_KINDS = ("trl", "trl_accum")
 GB = 1024**3
+RSS_LIMIT_EXIT = 75  # a worker's exit code when it stopped itself at --rss-limit-gb
 
 
 # ------------------------------------------------------------------------------------------------
@@ -75,8 +89,12 @@ class RssSampler:
     ``peak_window`` only while a window (a measured step) is open. Windows also sample at their
     edges, so a step shorter than the interval is still seen."""
 
-    def __init__(self, interval: float = 0.2):
+    def __init__(self, interval: float = 0.2, limit_gb: float = 0.0, marker: str | None = None):
         self.interval = interval
+        # A soft memory ceiling (--rss-limit-gb): past it the worker ends itself, before the
+        # kernel's OOM killer picks a victim on a shared machine.
+        self.limit = int(limit_gb * GB)
+        self.marker = marker
         self.peak = 0
         self.peak_window = 0
         self.samples = 0
@@ -102,6 +120,10 @@ class RssSampler:
             self.peak = max(self.peak, rss)
             if self._in_window:
                 self.peak_window = max(self.peak_window, rss)
+        if self.limit and rss > self.limit:
+            if self.marker:
+                Path(self.marker).write_text(json.dumps({"rss_gb": rss / GB, "limit_gb": self.limit / GB}))
+            os._exit(RSS_LIMIT_EXIT)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -172,15 +194,22 @@ def _versions() -> dict:
 # workers (each in a fresh process)
 # ------------------------------------------------------------------------------------------------
 def worker_prepare(spec: dict, result_path: str) -> None:
-    """Resolve (or build) the model both frameworks load; run in its own process so the parent
-    stays small (a forked child starts with its parent's RSS as its ru_maxrss floor)."""
+    """Resolve (or build) the model both frameworks load, and read the hardware (CPU model,
+    instruction-set capability, native bf16 or not); run in its own process so the parent stays
+    small (a forked child starts with its parent's RSS as its ru_maxrss floor)."""
+    import torch
+
     from reinforge.models import default_model_path
+    from reinforge.precision import describe_cpu, hardware_info
+
+    torch.set_num_threads(spec["threads"])
+    hardware = hardware_info(spec.get("device", "cpu"))
+    hardware["describe"] = describe_cpu(hardware)
 
     smol = default_model_path()  # converts the shipped GGUF once and caches it
     if spec["model"] == "smollm2":
         out = {"model_path": str(smol), "reinforge_model_path": "smollm2-135m-instruct"}
     else:
-        import torch
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
         tok = AutoTokenizer.from_pretrained(smol, local_files_only=True)
@@ -198,6 +227,7 @@ def worker_prepare(spec: dict, result_path: str) -> None:
         model.save_pretrained(path)
         tok.save_pretrained(path)
         out = {"model_path": str(path), "reinforge_model_path": str(path)}
+    out["hardware"] = hardware
     Path(result_path).write_text(json.dumps(out))
 
 
@@ -212,7 +242,7 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    sampler = RssSampler().start()
+    sampler = RssSampler(limit_gb=spec.get("rss_limit_gb", 0), marker=result_path + ".rsslimit").start()
     from reinforge.config import build_config
     from reinforge.trainer import Trainer
 
@@ -249,7 +279,8 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
                                          "peak_rss_steps_gb": sampler.peak_window / GB})
             return metrics
 
-    result = BenchTrainer(cfg).run()
+    trainer = BenchTrainer(cfg)
+    result = trainer.run()
     sampler.stop()
     metrics = [json.loads(line) for line in (Path(result.run_dir) / "metrics.jsonl").read_text().splitlines() if line]
     measured = [m for m in metrics if m["step"] > warmup]
@@ -275,8 +306,10 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
         "rss_samples": sampler.samples,
         "threads": torch.get_num_threads(),
         "peak_gpu_allocated_gb": _peak_gpu_gb(),
+        # The dtype the run computed in (model.dtype as resolved by the trainer) and why.
+        "precision": getattr(trainer, "precision", None),
         "settings": {"micro_batch_tokens": cfg.learner.micro_batch_tokens, "loss_agg": cfg.algorithm.loss_agg,
-                     "logits_chunk_tokens": cfg.learner.logits_chunk_tokens, "dtype": cfg.model.dtype,
+                     "logits_chunk_tokens": cfg.learner.logits_chunk_tokens, "dtype": trainer.cfg.model.dtype,
                      "share_prompt_prefix": cfg.learner.share_prompt_prefix,
                      "generation_batch_size": cfg.rollout.generation_batch_size, "betas": list(cfg.learner.betas),
                      "grad_clip": cfg.learner.grad_clip},
@@ -285,15 +318,24 @@ def worker_reinforge(spec: dict, result_path: str) -> None:
     Path(result_path).write_text(json.dumps(out))
 
 
-def trl_args(spec: dict, output_dir: str) -> dict:
-    """GRPOConfig arguments matching reinforge's configuration (checked against TRL 1.16)."""
+def trl_args(spec: dict, output_dir: str, accum: int = 1) -> dict:
+    """GRPOConfig arguments matching reinforge's configuration (checked against TRL 1.16).
+
+    One optimizer step = one generation round over P prompts x G samples. ``accum`` > 1 splits
+    its update into that many micro-batches (the memory-matched ``trl_accum``): TRL generates
+    per_device_train_batch_size * steps_per_generation = P*G completions at the first micro-step
+    and feeds the buffered slices to the others; since gradient_accumulation_steps is a multiple
+    of steps_per_generation * num_iterations the samples are on-policy (no old-logprob forward),
+    and the dapo loss is normalised by the whole generation batch's token count, so the gradient
+    is the same token mean as with accum=1."""
     P, G = spec["prompts"], spec["samples"]
+    if (P * G) % accum:
+        raise ValueError(f"--trl-accum {accum} must divide prompts x samples = {P * G}")
     return dict(
         output_dir=output_dir,
-        # One optimizer step = one generation round over P prompts x G samples, no accumulation.
-        per_device_train_batch_size=P * G,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,  # generation_batch_size = P*G then
+        per_device_train_batch_size=P * G // accum,
+        gradient_accumulation_steps=accum,
+        steps_per_generation=accum,  # generation_batch_size = P*G then
         num_generations=G,
         num_iterations=1,  # one optimisation pass per batch (so TRL skips the old-logprob forward)
         shuffle_dataset=False,  # rows are already in reinforge's prompt order
@@ -332,11 +374,11 @@ def train_logs_of(log_records: list[dict]) -> list[dict]:
     return [entry for entry in log_records if "completions/mean_length" in entry]
 
 
-def worker_trl(spec: dict, result_path: str) -> None:
+def worker_trl(spec: dict, result_path: str, accum: int = 1) -> None:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    sampler = RssSampler().start()
+    sampler = RssSampler(limit_gb=spec.get("rss_limit_gb", 0), marker=result_path + ".rsslimit").start()
     import datasets
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -374,6 +416,7 @@ def worker_trl(spec: dict, result_path: str) -> None:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         outcomes = reward_fn(texts, [train[i] for i in example_index])
         s = state["step"]
+        state["reward_calls"] = state.get("reward_calls", 0) + 1
         step_tokens[s] = step_tokens.get(s, 0) + sum(len(ids) for ids in completion_ids)
         step_prompts.setdefault(s, [])
         for i in example_index:  # rows of one prompt are contiguous; keep each prompt once
@@ -396,18 +439,27 @@ def worker_trl(spec: dict, result_path: str) -> None:
     model.generate = timed_generate
 
     step_time: dict[int, float] = {}
+    micro_batches: dict[int, int] = {}
     log_records: list[dict] = []
 
+    # transformers calls on_step_begin before the first micro-batch of an optimizer step and
+    # on_step_end after the optimizer step, so with gradient accumulation a timed step still
+    # covers one generation and all its micro-batches (global_step counts optimizer steps).
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, st, control, **kw):
             state["step"] = st.global_step  # steps completed so far: 0 for the first
             if state["step"] >= warmup:
                 sampler.open_window()
+            state["micro"] = 1
             state["t0"] = time.perf_counter()
+
+        def on_substep_end(self, args, st, control, **kw):
+            state["micro"] += 1  # a micro-batch that did not end in an optimizer step
 
         def on_step_end(self, args, st, control, **kw):
             s = state["step"]
             step_time[s] = time.perf_counter() - state["t0"]
+            micro_batches[s] = state["micro"]
             if s >= warmup:
                 sampler.close_window()
             _write_partial(result_path, {
@@ -420,7 +472,7 @@ def worker_trl(spec: dict, result_path: str) -> None:
             if logs:
                 log_records.append({k: v for k, v in logs.items() if isinstance(v, (int, float))})
 
-    args = trl_args(spec, workdir)
+    args = trl_args(spec, workdir, accum)
     accepted = {f.name for f in dataclasses.fields(GRPOConfig)}
     if "activation_checkpointing" in accepted:  # transformers >= 5.x renamed gradient_checkpointing
         args["activation_checkpointing"] = False
@@ -433,6 +485,10 @@ def worker_trl(spec: dict, result_path: str) -> None:
     )
     # What the model actually does, not what the args say (the flag was renamed in transformers 5).
     checkpointing = any(getattr(mod, "gradient_checkpointing", False) is True for mod in trainer.model.modules())
+    # What precision TRL actually trains in: accelerate's autocast mode and the weights' dtype.
+    precision = {"mixed_precision": str(trainer.accelerator.mixed_precision),
+                 "param_dtype": str(next(trainer.model.parameters()).dtype).removeprefix("torch."),
+                 "bf16": grpo_args.bf16, "fp16": grpo_args.fp16}
     trainer.train()
     sampler.stop()
 
@@ -450,9 +506,14 @@ def worker_trl(spec: dict, result_path: str) -> None:
     tokens = sum(step_tokens.get(s, 0) for s in measured)
     wall = sum(step_time[s] for s in measured)
     train_logs = train_logs_of(log_records)
+    optimizer_steps = trainer.state.global_step
     out = {
-        "framework": "trl",
+        "framework": "trl_accum" if accum > 1 else "trl",
         "steps_measured": len(measured),
+        "optimizer_steps": optimizer_steps,  # must equal warm-up + measured steps
+        "reward_calls": state.get("reward_calls", 0),  # one per generation round: one per step
+        "micro_batches_per_step": [micro_batches.get(s) for s in measured],  # inside each timed step
+        "precision": precision,
         "generated_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall > 0 else None,
@@ -478,7 +539,7 @@ def worker_trl(spec: dict, result_path: str) -> None:
         "dropped_args": dropped,
         "settings": {k: v for k, v in args.items() if k != "output_dir"}
         | {"optim": str(grpo_args.optim), "generation_batch_size": grpo_args.generation_batch_size,
-           "trl_version": trl.__version__},
+           "steps_per_generation": grpo_args.steps_per_generation, "trl_version": trl.__version__},
         "versions": _versions(),
     }
     Path(result_path).write_text(json.dumps(out))
@@ -497,7 +558,7 @@ def _run_child(kind: str, spec: dict, workdir: Path, verbose: bool, name: str | 
            "--result", str(result_path)]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
-    print(f"[bench] running {kind} worker ...", file=sys.stderr, flush=True)
+    print(f"[bench] running {name} worker ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     timeout = spec.get("timeout") or None
     timed_out = False
@@ -513,34 +574,43 @@ def _run_child(kind: str, spec: dict, workdir: Path, verbose: bool, name: str | 
     took = time.perf_counter() - t0
     if proc.returncode != 0 or not result_path.is_file():
         tail = "" if verbose else "\n".join(log_path.read_text().splitlines()[-40:])
-        print(f"[bench] {kind} worker failed (exit {proc.returncode}); log {log_path}:\n{tail}",
+        print(f"[bench] {name} worker failed (exit {proc.returncode}); log {log_path}:\n{tail}",
               file=sys.stderr, flush=True)
         if kind == "prepare":
             raise SystemExit(1)
         # A framework that dies (TRL was killed by the OOM killer on a 24 GB machine) is a result:
         # keep it, and the other framework's numbers.
         killed = proc.returncode == -9
+        marker = Path(str(result_path) + ".rsslimit")
+        at_limit = json.loads(marker.read_text()) if marker.is_file() else None
         if timed_out:
-            reason = f"timed out after {timeout:.0f} s (--timeout)"
+            reason, short = f"timed out after {timeout:.0f} s (--timeout)", "timed out"
+        elif at_limit:
+            reason = (f"stopped itself at {at_limit['rss_gb']:.2f} GB RSS, over --rss-limit-gb "
+                      f"{at_limit['limit_gb']:.1f}")
+            short = "over --rss-limit-gb"
         elif killed:
-            reason = "killed by SIGKILL (out of memory?)"
+            reason, short = "killed by SIGKILL (out of memory?)", "killed (OOM?)"
         else:
-            reason = f"exit code {proc.returncode}"
+            reason, short = f"exit code {proc.returncode}", f"exit {proc.returncode}"
         out = {"failed": True, "exit_code": proc.returncode, "process_wall_s": took, "reason": reason,
-               "log_tail": tail[-4000:]}
+               "reason_short": short, "log_tail": tail[-4000:]}
         partial_path = Path(str(result_path) + ".partial")
         if partial_path.is_file():  # the steps it finished before dying
             part = json.loads(partial_path.read_text())
             out["partial"] = part
             steps = part["steps"]
             out["steps_completed"] = len(steps)
-            out["peak_rss_sampled_gb"] = part.get("peak_rss_sampled_gb")
+            out["peak_rss_sampled_gb"] = max(part.get("peak_rss_sampled_gb") or 0.0,
+                                             at_limit["rss_gb"] if at_limit else 0.0) or None
             done = [st for st in steps if st["measured"]] or steps  # warm-up steps only if nothing else
             wall = sum(st["time_step"] for st in done)
             out["partial_tokens_per_s"] = sum(st["generated_tokens"] for st in done) / wall if wall else None
             out["partial_from_warmup"] = not any(st["measured"] for st in steps)
+        elif at_limit:
+            out["peak_rss_sampled_gb"] = at_limit["rss_gb"]
         return out
-    print(f"[bench] {kind} worker done in {took:.1f}s", file=sys.stderr, flush=True)
+    print(f"[bench] {name} worker done in {took:.1f}s", file=sys.stderr, flush=True)
     out = json.loads(result_path.read_text())
     out["process_wall_s"] = took
     return out
@@ -550,19 +620,134 @@ def _fmt(x, nd=2):
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
-def _failed_cell(r: dict, key: str, nd: int) -> str:
-    """A framework that died: its reason, and what it measured before (from its partial file)."""
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def _median_range(values) -> dict | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def _is_reinforge(name: str) -> bool:
+    return name == "reinforge" or name.startswith("reinforge[")
+
+
+def ratio_pairs(names: list[str]) -> list[tuple[str, str]]:
+    """(numerator, denominator) of the ratios a round reports: each reinforge run over each TRL
+    run, and the memory-matched TRL over plain TRL (what its accumulation costs and saves)."""
+    pairs = [(n, d) for n in names if _is_reinforge(n) for d in TRL_KINDS if d in names]
+    if "trl" in names and "trl_accum" in names:
+        pairs.append(("trl_accum", "trl"))
+    return pairs
+
+
+def round_ratios(results: dict, pairs: list[tuple[str, str]]) -> dict:
+    out = {}
+    for num, den in pairs:
+        r, t = results[num], results[den]
+        if r.get("failed"):
+            continue
+        if not t.get("failed"):
+            out[f"{num} / {den}"] = {
+                "tokens_per_s": _ratio(r["tokens_per_s"], t["tokens_per_s"]),
+                "peak_rss_steps": _ratio(r["peak_rss_steps_gb"], t["peak_rss_steps_gb"]),
+                "ru_maxrss": _ratio(r["ru_maxrss_gb"], t["ru_maxrss_gb"]),
+                "peak_gpu": _ratio(r.get("peak_gpu_allocated_gb"), t.get("peak_gpu_allocated_gb")),
+            }
+        elif t.get("partial_tokens_per_s"):
+            # The denominator died: compare with what it measured before (approximate), and with
+            # its RSS when it died (a lower bound of its peak, so the ratio is an upper bound).
+            out[f"{num} / {den}"] = {
+                "approximate": True,
+                "tokens_per_s": _ratio(r["tokens_per_s"], t["partial_tokens_per_s"]),
+                "peak_rss_steps_at_most": _ratio(r["peak_rss_steps_gb"], t.get("peak_rss_sampled_gb")),
+            }
+    return out
+
+
+SUMMARY_KEYS = ("tokens_per_s", "generated_tokens", "wall_s", "generate_share", "peak_rss_steps_gb",
+                "peak_rss_sampled_gb", "peak_gpu_allocated_gb", "ru_maxrss_gb")
+RATIO_KEYS = ("tokens_per_s", "peak_rss_steps", "ru_maxrss", "peak_gpu")
+
+
+def summarize(rounds: list[dict], names: list[str], pairs: list[tuple[str, str]]) -> dict:
+    """Median and range over the pairs (rounds) of each framework's numbers and of each ratio;
+    a ratio against a framework that died in a round is left out (it is approximate)."""
+    frameworks = {}
+    for n in names:
+        ok = [rd["results"][n] for rd in rounds if not rd["results"][n].get("failed")]
+        frameworks[n] = {k: _median_range([r.get(k) for r in ok]) for k in SUMMARY_KEYS}
+        frameworks[n]["rounds_ok"] = len(ok)
+    ratios = {}
+    for num, den in pairs:
+        key = f"{num} / {den}"
+        complete = [rd["ratios"][key] for rd in rounds
+                    if key in rd["ratios"] and not rd["ratios"][key].get("approximate")]
+        ratios[key] = {k: _median_range([c.get(k) for c in complete]) for k in RATIO_KEYS}
+        ratios[key]["rounds_complete"] = len(complete)
+    return {"frameworks": frameworks, "ratios": ratios, "rounds": len(rounds)}
+
+
+def _died_cell(r: dict, key: str, nd: int) -> str:
+    """A framework that died in a round: what it measured before, and why it stopped."""
     if key == "tokens_per_s" and r.get("partial_tokens_per_s") is not None:
-        src = "its warm-up step" if r.get("partial_from_warmup") else "its finished measured steps"
-        return f"~{r['partial_tokens_per_s']:.1f} ({src}; then {r['reason']})"
-    if key == "peak_rss_sampled_gb" and r.get("peak_rss_sampled_gb") is not None:
-        return f">= {r['peak_rss_sampled_gb']:.2f} (before it died)"
-    return f"failed: {r['reason']}"
+        src = "warm-up" if r.get("partial_from_warmup") else "finished steps"
+        return f"~{r['partial_tokens_per_s']:.{nd}f} ({src}; {r.get('reason_short', 'died')})"
+    if key.startswith("peak_rss") and r.get("peak_rss_sampled_gb") is not None:
+        return f">= {r['peak_rss_sampled_gb']:.{nd}f} ({r.get('reason_short', 'died')})"
+    return r.get("reason_short", "died")
 
 
-def markdown_table(record: dict) -> str:
-    res = record["results"]
-    names = [n for n in FRAMEWORKS if n in res]
+def _mr_cells(mr: dict | None, nd: int, of: int) -> list[str]:
+    if mr is None:
+        return ["n/a", "n/a"]
+    med = _fmt(mr["median"], nd) + (f" ({mr['n']} of {of})" if mr["n"] < of else "")
+    return [med, f"{mr['min']:.{nd}f}-{mr['max']:.{nd}f}"]
+
+
+def rounds_table(record: dict) -> str:
+    """One column per pair (every framework once, alternating order), then median and range."""
+    rounds, names, summary = record["rounds"], record["frameworks"], record["summary"]
+    n = len(rounds)
+    lines = ["| | " + " | ".join(f"pair {i + 1}" for i in range(n)) + " | median | range |",
+             "|---|" + "---|" * (n + 2)]
+    gpu = any(rd["results"][f].get("peak_gpu_allocated_gb") is not None for rd in rounds for f in names)
+    rows = [("tokens/s", "tokens_per_s", 1), ("peak RSS during steps (GB)", "peak_rss_steps_gb", 2)]
+    if gpu:
+        rows.append(("peak GPU allocated (GB)", "peak_gpu_allocated_gb", 2))
+    for label, key, nd in rows:
+        for f in names:
+            cells = [_died_cell(rd["results"][f], key, nd) if rd["results"][f].get("failed")
+                     else _fmt(rd["results"][f].get(key), nd) for rd in rounds]
+            cells += _mr_cells(summary["frameworks"][f][key], nd, n)
+            lines.append(f"| {f} {label} | " + " | ".join(cells) + " |")
+    ratio_rows = [("tokens/s", "tokens_per_s", "peak_rss_steps_at_most", "~"),
+                  ("peak RSS", "peak_rss_steps", "peak_rss_steps_at_most", "<= ")]
+    if gpu:
+        ratio_rows.append(("peak GPU", "peak_gpu", None, ""))
+    for key in summary["ratios"]:
+        for label, rk, approx_rk, mark in ratio_rows:
+            cells = []
+            for rd in rounds:
+                q = rd["ratios"].get(key)
+                if q is None:
+                    cells.append("")
+                elif q.get("approximate"):
+                    v = q.get("tokens_per_s") if rk == "tokens_per_s" else q.get(approx_rk) if approx_rk else None
+                    cells.append(f"{mark}{v:.2f}" if v is not None else "")
+                else:
+                    cells.append(_fmt(q.get(rk)))
+            cells += _mr_cells(summary["ratios"][key][rk], 2, n)
+            lines.append(f"| {key} {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def detail_table(record: dict) -> str:
+    """Every framework's numbers, the median over the pairs it finished."""
+    rounds, names, summary = record["rounds"], record["frameworks"], record["summary"]
     rows = [
         ("tokens/s (end to end)", "tokens_per_s", 1),
         ("generated tokens (measured)", "generated_tokens", 0),
@@ -573,16 +758,18 @@ def markdown_table(record: dict) -> str:
         ("peak GPU memory allocated by torch (GB)", "peak_gpu_allocated_gb", 3),
         ("ru_maxrss whole process (GB)", "ru_maxrss_gb", 3),
     ]
-    ratio_keys = {"tokens_per_s": "tokens_per_s", "peak_rss_steps_gb": "peak_rss_steps", "ru_maxrss_gb": "ru_maxrss",
-                  "peak_gpu_allocated_gb": "peak_gpu"}
-    head = "| metric | " + " | ".join(names) + (" | reinforge / TRL |" if len(names) == 2 else " |")
-    lines = [head, "|" + "---|" * (len(names) + 1 + (len(names) == 2))]
+    lines = ["| metric (median over pairs) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for label, key, nd in rows:
-        cells = [_failed_cell(res[n], key, nd) if res[n].get("failed") else _fmt(res[n].get(key), nd) for n in names]
-        if len(names) == 2:
-            r = record["ratios"].get(ratio_keys.get(key, ""))
-            cells.append(_fmt(r, 2) if r is not None else "")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        mrs = [summary["frameworks"][f][key] for f in names]
+        if key == "peak_gpu_allocated_gb" and not any(mrs):
+            continue  # a CPU run
+        lines.append(f"| {label} | " + " | ".join(_fmt(mr["median"], nd) if mr else "n/a" for mr in mrs) + " |")
+    steps = []
+    for f in names:
+        per = [", ".join(f"{t:.1f}" for t in rd["results"][f].get("step_times_s", []))
+               if not rd["results"][f].get("failed") else "died" for rd in rounds]
+        steps.append("; ".join(per))
+    lines.append("| measured step times (s), pair by pair | " + " | ".join(steps) + " |")
     return "\n".join(lines)
 
 
@@ -601,11 +788,86 @@ def _append_result(path: Path, record: dict) -> None:
     os.replace(tmp, path)
 
 
+def hardware_line(hardware: dict) -> str:
+    """'AMD EPYC (AVX2, no native bf16); torch CPU capability AVX2, native bf16: no; 2 threads'."""
+    cpu = hardware.get("cpu", {})
+    line = (f"{hardware.get('describe', cpu.get('model', '?'))}; torch CPU capability "
+            f"{cpu.get('capability', '?')}, native bf16: {'yes' if cpu.get('native_bf16') else 'no'} "
+            f"(avx512_bf16 {cpu.get('avx512_bf16')}, amx_tile {cpu.get('amx_tile')}); "
+            f"{hardware.get('threads', '?')} threads per worker")
+    gpu = hardware.get("gpu")
+    if gpu:
+        line += (f"; GPU {gpu.get('name')} (compute capability {gpu.get('compute_capability')}, "
+                 f"native bf16: {'yes' if gpu.get('native_bf16') else 'no'})")
+    return line
+
+
+def dtype_line(record: dict) -> str:
+    """The dtype each framework actually computed in, as its worker recorded it."""
+    dtype = record["config"]["dtype"]
+    seen = {}
+    for rd in record["rounds"]:
+        for f, r in rd["results"].items():
+            if r.get("failed") or f in seen:
+                continue
+            p = r.get("precision") or {}
+            if _is_reinforge(f):
+                seen[f] = f"{f} model.dtype={p.get('dtype', r.get('settings', {}).get('dtype'))}"
+            else:
+                seen[f] = (f"{f} bf16={p.get('bf16')} (accelerate mixed_precision={p.get('mixed_precision')}, "
+                           f"weights {p.get('param_dtype')})")
+    return f"{dtype} for every framework, explicit: " + "; ".join(seen.values())
+
+
+def report(record: dict) -> str:
+    """The Markdown a run prints (also ``--report FILE``, from its results JSON)."""
+    c, rounds, names, hardware = record["config"], record["rounds"], record["frameworks"], record["hardware"]
+    ok = [r for rd in rounds for r in rd["results"].values() if not r.get("failed")]
+    out = [f"### reinforge vs TRL {record['versions'].get('trl')} GRPOTrainer: model `{c['model']}`, task "
+           f"`{c['task']}`, {c['prompts']} prompts x {c['samples']} samples, {c['max_new_tokens']} new tokens, "
+           f"{c['steps']} measured steps after {c['warmup']} warm-up, {len(rounds)} alternating pair(s), "
+           f"{c['threads']} threads, {c['dtype']}"
+           + (f", reinforge {' '.join(c['reinforge_overrides'])}" if c.get("reinforge_overrides") else ""),
+           "", rounds_table(record), "",
+           "Order: " + "; ".join(f"pair {i + 1}: {', '.join(rd['order'])}" for i, rd in enumerate(rounds))]
+    for i, rd in enumerate(rounds):
+        for f, r in rd["results"].items():
+            if r.get("failed"):
+                out.append(f"- pair {i + 1}, {f}: {r['reason']}"
+                           + (f", after {r['steps_completed']} step(s)" if "steps_completed" in r else ""))
+    out += ["", detail_table(record), ""]
+    for name, overrides in (record.get("variants") or {}).items():
+        out.append(f"- `reinforge[{name}]`: {' '.join(overrides)}")
+    if "trl_accum" in names:
+        n, batch = c["trl_accum"], c["prompts"] * c["samples"]
+        out.append(f"- `trl_accum`: per_device_train_batch_size={batch // n}, gradient_accumulation_steps={n}, "
+                   f"steps_per_generation={n}: one generation of {batch} completions and one optimizer step "
+                   f"per RL step, the update in {n} micro-batches")
+    out.append(f"- CPU: {hardware_line(hardware)}")
+    out.append(f"- dtype: {dtype_line(record)}")
+    if c["dtype"] == "bfloat16" and c.get("device", "cpu") == "cpu" and not hardware.get("cpu", {}).get("native_bf16"):
+        probe = next((r["precision"]["probe"] for r in ok
+                      if _is_reinforge(r.get("framework", "")) and (r.get("precision") or {}).get("probe")), None)
+        out.append("- WARNING: this CPU has no native bf16, so bf16 is emulated in both frameworks"
+                   + (f" (reinforge's probe: a bf16 linear ran {probe['bf16_speedup']:.2f}x the speed of fp32)"
+                      if probe else "") + "; these numbers do not describe a CPU with AVX512-BF16 or AMX")
+    labels = {"prompts_match": "same prompts in the same order in every run",
+              "trl_prompt_tokens_match_reinforge_encoding": "TRL's prompt token counts equal reinforge's encoding",
+              "trl_one_generation_one_optimizer_step_per_step": "TRL: one generation and one optimizer step per step",
+              "trl_timed_steps_cover_all_micro_batches": "TRL: each timed step covers all its micro-batches",
+              "trl_gradient_checkpointing_off": "TRL: gradient checkpointing off"}
+    out += [f"- {labels.get(k, k)}: {v}" for k, v in record.get("checks", {}).items() if v is not None]
+    out.append(f"- command: `{record['command']}`")
+    return "\n".join(out)
+
+
 def parent(args: argparse.Namespace) -> None:
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     for f in frameworks:
         if f not in FRAMEWORKS:
             raise SystemExit(f"--frameworks: unknown {f!r}; accepted: {', '.join(FRAMEWORKS)}")
+    if len(set(frameworks)) != len(frameworks):
+        raise SystemExit(f"--frameworks: {args.frameworks!r} names one twice")
     variants: dict[str, list[str]] = {}
     for v in args.variant or []:
         name, sep, opts = v.partition(":")
@@ -623,94 +885,76 @@ def parent(args: argparse.Namespace) -> None:
             "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
             "steps": args.steps, "warmup": args.warmup, "threads": threads, "seed": args.seed,
             "lr": 1e-6, "workdir": str(workdir), "dtype": args.dtype, "timeout": args.timeout,
-            "device": args.device,
+            "device": args.device, "trl_accum": args.trl_accum, "rss_limit_gb": args.rss_limit_gb,
             "reinforge_overrides": list(args.reinforge_option or []),
         }
-        spec.update(_run_child("prepare", spec, workdir, args.verbose))
-        results = {f: _run_child(f, spec, workdir, args.verbose) for f in frameworks}
-        for name, overrides in variants.items():
-            vspec = dict(spec, reinforge_overrides=spec["reinforge_overrides"] + overrides)
-            results[f"reinforge[{name}]"] = _run_child("reinforge", vspec, workdir, args.verbose, name=f"variant-{name}")
+        prepared = _run_child("prepare", spec, workdir, args.verbose)
+        hardware = prepared.pop("hardware", {})
+        prepared.pop("process_wall_s", None)
+        spec.update(prepared)
+        # (label, worker kind, spec) of every run in a pair; variants are reinforge runs.
+        entries = [(f, f, spec) for f in frameworks]
+        entries += [(f"reinforge[{name}]", "reinforge",
+                     dict(spec, reinforge_overrides=spec["reinforge_overrides"] + overrides))
+                    for name, overrides in variants.items()]
+        names = [label for label, _, _ in entries]
+        pairs = ratio_pairs(names)
+        rounds = []
+        for i in range(args.pairs):
+            # Alternate the order, so that neither framework always runs first (or on a machine
+            # warmed, or slowed, by the other).
+            order = entries if i % 2 == 0 else entries[::-1]
+            results = {}
+            for label, kind, espec in order:
+                tag = label.replace("[", "-").replace("]", "")
+                results[label] = _run_child(kind, espec, workdir, args.verbose, name=f"{tag}-pair{i + 1}")
+            rounds.append({"order": [label for label, _, _ in order], "results": results,
+                           "ratios": round_ratios(results, pairs)})
         if args.keep_logs:
             keep = Path(args.keep_logs)
             keep.mkdir(parents=True, exist_ok=True)
             for p in workdir.glob("log-*.txt"):
                 (keep / p.name).write_text(p.read_text())
 
-    ratios = {}
-    ok = {f: r for f, r in results.items() if not r.get("failed")}
-    if "reinforge" in ok and results.get("trl", {}).get("failed") and results["trl"].get("partial_tokens_per_s"):
-        # TRL died: compare with what it measured before (approximate, marked as such).
-        r, t = results["reinforge"], results["trl"]
-        ratios = {"tokens_per_s_vs_trl_partial": r["tokens_per_s"] / t["partial_tokens_per_s"],
-                  "peak_rss_vs_trl_at_death_at_most": r["peak_rss_steps_gb"] / t["peak_rss_sampled_gb"]
-                  if t.get("peak_rss_sampled_gb") else None}
-    if all(f in ok for f in FRAMEWORKS):
-        r, t = results["reinforge"], results["trl"]
-
-        def ratio(a, b):
-            return a / b if a is not None and b else None
-
-        ratios = {
-            "tokens_per_s": ratio(r["tokens_per_s"], t["tokens_per_s"]),
-            "peak_rss_steps": ratio(r["peak_rss_steps_gb"], t["peak_rss_steps_gb"]),
-            "ru_maxrss": ratio(r["ru_maxrss_gb"], t["ru_maxrss_gb"]),
-            "peak_gpu": ratio(r.get("peak_gpu_allocated_gb"), t.get("peak_gpu_allocated_gb")),
-        }
-        ratios["prompts_match"] = r["prompt_ids"] == t["prompt_ids"]
-    if "trl" in ok:
-        t = ok["trl"]
-        for name in variants:
-            r = ok.get(f"reinforge[{name}]")
-            if r is not None:
-                ratios[f"variant:{name}"] = {
-                    "tokens_per_s": r["tokens_per_s"] / t["tokens_per_s"],
-                    "peak_rss_steps": r["peak_rss_steps_gb"] / t["peak_rss_steps_gb"],
-                    "ru_maxrss": r["ru_maxrss_gb"] / t["ru_maxrss_gb"],
-                }
-        ratios["trl_prompt_tokens_match_reinforge_encoding"] = t["prompt_tokens"] == t["prompt_tokens_reinforge_encoding"]
-    versions = next(iter(ok.values()))["versions"] if ok else _versions()  # metadata only: no torch import
+    ok = [r for rd in rounds for r in rd["results"].values() if not r.get("failed")]
+    versions = ok[0]["versions"] if ok else _versions()  # metadata only: no torch import
     spec_out = {k: v for k, v in spec.items() if k != "workdir"}
+    command = shlex.join(["python", "benchmarks/bench_vs_trl.py", *args.argv])
     record = {
         "benchmark": "vs_trl",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
         "host": {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
                  "processor": platform.processor()},
+        "hardware": hardware,
         "versions": versions,
         "config": spec_out,
-        "results": results,
-        "ratios": ratios,
-        "note": "ratios are reinforge / TRL: tokens_per_s > 1 means reinforge is faster; "
-                "memory < 1 means reinforge uses less.",
+        "frameworks": names,
+        "variants": variants,
+        "rounds": rounds,
+        "summary": summarize(rounds, names, pairs),
+        "note": "ratios are numerator / denominator: tokens_per_s > 1 means the numerator is faster; "
+                "memory < 1 means it uses less. Each pair runs every framework once, in alternating order.",
     }
-    table = markdown_table(record)
+    # Checks that every framework did the same work: same prompts in the same order, TRL's prompt
+    # tokens as reinforge encodes them, one generation and one optimizer step per RL step.
+    prompt_lists = [r["prompt_ids"] for r in ok if "prompt_ids" in r]
+    checks = {"prompts_match": all(p == prompt_lists[0] for p in prompt_lists) if len(prompt_lists) > 1 else None}
+    trl_ok = [r for r in ok if r.get("framework") in TRL_KINDS]
+    if trl_ok:
+        checks["trl_prompt_tokens_match_reinforge_encoding"] = all(
+            r["prompt_tokens"] == r["prompt_tokens_reinforge_encoding"] for r in trl_ok)
+        total = args.warmup + args.steps
+        checks["trl_one_generation_one_optimizer_step_per_step"] = all(
+            r.get("optimizer_steps") == total and r.get("reward_calls") == total for r in trl_ok)
+        checks["trl_timed_steps_cover_all_micro_batches"] = all(
+            set(r.get("micro_batches_per_step") or [None]) == {args.trl_accum if r["framework"] == "trl_accum" else 1}
+            for r in trl_ok)
+        checks["trl_gradient_checkpointing_off"] = not any(r.get("gradient_checkpointing_on") for r in trl_ok)
+    record["checks"] = checks
     print()
-    print(f"### reinforge vs TRL {versions.get('trl')} GRPOTrainer: model `{args.model}`, task `{args.task}`, "
-          f"{args.prompts} prompts x {args.samples} samples, {args.max_new_tokens} new tokens, "
-          f"{args.steps} measured steps after {args.warmup} warm-up, {threads} threads, {args.dtype}"
-          + (f", reinforge {' '.join(args.reinforge_option)}" if args.reinforge_option else ""))
-    print()
-    print(table)
-    if variants:
-        print("\n| reinforge variant | overrides | tokens/s | peak RSS during steps (GB) | tokens/s / TRL | peak RSS / TRL |")
-        print("|---|---|---|---|---|---|")
-        for name, overrides in variants.items():
-            r, q = results[f"reinforge[{name}]"], ratios.get(f"variant:{name}", {})
-            if r.get("failed"):
-                print(f"| {name} | {' '.join(overrides)} | failed: {r['reason']} | | | |")
-                continue
-            print(f"| {name} | {' '.join(overrides)} | {_fmt(r['tokens_per_s'], 1)} | {_fmt(r['peak_rss_steps_gb'], 3)} "
-                  f"| {_fmt(q.get('tokens_per_s'))} | {_fmt(q.get('peak_rss_steps'))} |")
-    if "tokens_per_s_vs_trl_partial" in ratios:
-        print(f"\nTRL did not finish; reinforge / TRL from TRL's finished steps: tokens/s "
-              f"{_fmt(ratios['tokens_per_s_vs_trl_partial'])}, peak RSS at most "
-              f"{_fmt(ratios['peak_rss_vs_trl_at_death_at_most'])} (TRL's RSS when it died is a lower bound)")
-    if "prompts_match" in ratios:
-        print(f"\nsame prompts in the same order in both: {ratios['prompts_match']}")
-    if "trl_prompt_tokens_match_reinforge_encoding" in ratios:
-        print(f"TRL's prompt token counts equal reinforge's encoding of the same prompts: "
-              f"{ratios['trl_prompt_tokens_match_reinforge_encoding']}")
-    if results.get("trl", {}).get("gradient_checkpointing_on"):
+    print(report(record))
+    if checks.get("trl_gradient_checkpointing_off") is False:
         print("WARNING: gradient checkpointing was ON in TRL despite the args", file=sys.stderr)
     out = Path(args.out)
     _append_result(out, record)
@@ -743,24 +987,53 @@ def main(argv: list[str] | None = None) -> None:
                         "with the steps it finished (0: no limit)")
     p.add_argument("--reinforge-option", action="append", metavar="KEY=VALUE",
                    help="extra reinforge config override, e.g. learner.logits_chunk_tokens=0 (repeatable)")
-    p.add_argument("--frameworks", default="reinforge,trl", help="comma list, run in this order")
+    p.add_argument("--frameworks", default="reinforge,trl,trl_accum",
+                   help="comma list, run in this order in odd pairs and reversed in even ones; trl_accum is "
+                        "TRL memory-matched by gradient accumulation (--trl-accum)")
+    p.add_argument("--pairs", type=int, default=3,
+                   help="alternating pairs: each runs every framework once, each in a fresh process; "
+                        "the tables give each pair, then the median and range")
+    p.add_argument("--trl-accum", type=int, default=4,
+                   help="trl_accum: micro-batches per optimizer step (per_device_train_batch_size = P*G / N, "
+                        "gradient_accumulation_steps = steps_per_generation = N): still one generation of P*G "
+                        "completions and one optimizer step per RL step")
+    p.add_argument("--rss-limit-gb", type=float, default=0,
+                   help="a worker whose RSS passes this stops itself and is reported with the steps it "
+                        "finished, before the kernel's OOM killer acts on a shared machine (0: no limit)")
     p.add_argument("--variant", action="append", metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
                    help="an extra reinforge run with these config overrides on top of the shared ones, "
-                        "after the frameworks, compared with the same TRL run (repeatable)")
+                        "after the frameworks in each pair, compared with the same pair's TRL runs (repeatable)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results JSON (a list; this run is appended)")
     p.add_argument("--keep-logs", default=None, help="copy the workers' logs into this folder")
     p.add_argument("--verbose", action="store_true", help="show the workers' output instead of logging it")
+    p.add_argument("--report", metavar="RESULTS_JSON", help="print the Markdown of the last run in this results "
+                   "file and exit (runs nothing)")
     # internal: one worker process
     p.add_argument("--worker", choices=["prepare", *FRAMEWORKS], help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.report:
+        records = json.loads(Path(args.report).read_text())
+        records = [r for r in (records if isinstance(records, list) else [records]) if "rounds" in r]
+        if not records:
+            raise SystemExit(f"--report: no run of this version of the script in {args.report}")
+        print(report(records[-1]))
+        return
     if args.worker:
         spec = json.loads(Path(args.spec).read_text())
-        {"prepare": worker_prepare, "reinforge": worker_reinforge, "trl": worker_trl}[args.worker](spec, args.result)
+        workers = {"prepare": worker_prepare, "reinforge": worker_reinforge, "trl": worker_trl,
+                   "trl_accum": lambda sp, res: worker_trl(sp, res, accum=sp["trl_accum"])}
+        workers[args.worker](spec, args.result)
         return
-    if args.steps < 1 or args.warmup < 0 or args.samples < 2 or args.prompts < 1:
-        p.error("need --steps >= 1, --warmup >= 0, --samples >= 2 (GRPO groups), --prompts >= 1")
+    if args.steps < 1 or args.warmup < 0 or args.samples < 2 or args.prompts < 1 or args.pairs < 1:
+        p.error("need --steps >= 1, --warmup >= 0, --samples >= 2 (GRPO groups), --prompts >= 1, --pairs >= 1")
+    if args.trl_accum < 2 or (args.prompts * args.samples) % args.trl_accum:
+        p.error(f"--trl-accum must be >= 2 and divide prompts x samples ({args.prompts * args.samples})")
+    if args.steps < 2 or args.pairs < 3:
+        print("[bench] note: fewer than 2 measured steps or 3 pairs: a check, not a number to publish",
+              file=sys.stderr)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     parent(args)
 
 
