@@ -7,7 +7,9 @@ Nothing here reaches a model hub: every load is ``local_files_only``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import inspect
 import logging
 import os
 import shutil
@@ -156,6 +158,20 @@ def compute_dtype(model_cfg: ModelConfig) -> torch.dtype | None:
     if model_cfg.dtype == "auto":
         raise ValueError("model.dtype=auto must be resolved first (reinforge.models.resolve_precision)")
     return torch.bfloat16 if model_cfg.dtype == "bfloat16" else None
+
+
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model, cache) -> dict:
+    """Forward keyword arguments that hand ``cache`` to ``model``: ``cache=`` where the model takes
+    it (transformers >= 5.x deprecates ``past_key_values=`` with a FutureWarning per forward),
+    ``past_key_values=`` where it does not yet."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_argument(type(base)): cache, "use_cache": True}
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

@@ -240,3 +240,160 @@ def test_grouped_decode_attention_equals_repeated_kv_attention(dtype):
     ref = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ vv  # [b, heads, 1, dim]
     assert out.shape == (b, 1, heads, dim)
     torch.testing.assert_close(out.float(), ref.transpose(1, 2), atol=1e-5 if dtype == torch.float32 else 2e-2, rtol=0)
+
+
+def test_preallocated_layer_holds_what_a_dynamic_layer_holds():
+    """Prefill, repeat per sample, decode steps, rows leaving, a crop, growth past the capacity and
+    an overwrite: the preallocated layer's keys and values equal ``DynamicLayer``'s throughout, and
+    within its capacity a step writes into the same buffer."""
+    from transformers.cache_utils import DynamicLayer
+
+    from reinforge.rollout.kv_cache import PreallocatedLayer
+
+    torch.manual_seed(0)
+    ours, ref = PreallocatedLayer(capacity=9), DynamicLayer()
+
+    def both(op, *args):
+        out = [getattr(layer, op)(*args) for layer in (ours, ref)]
+        assert torch.equal(ours.keys, ref.keys) and torch.equal(ours.values, ref.values), op
+        assert ours.get_seq_length() == ref.get_seq_length()
+        assert ours.get_mask_sizes(1) == ref.get_mask_sizes(1)
+        return out
+
+    def kv(rows, n):
+        return torch.randn(rows, 2, n, 4), torch.randn(rows, 2, n, 4)
+
+    both("update", *kv(2, 5))
+    both("batch_repeat_interleave", 3)
+    buffer = ours._keys.data_ptr()
+    for _ in range(2):
+        returned, expected = both("update", *kv(6, 1))
+        assert torch.equal(returned[0], expected[0]) and torch.equal(returned[1], expected[1])
+    assert ours._keys.data_ptr() == buffer  # written in place
+    both("batch_select_indices", torch.tensor([0, 2, 5]))
+    both("update", *kv(3, 1))
+    both("crop", -2)
+    both("update", *kv(3, 4))  # 6 + 4 > 9: the buffers grow
+    assert ours._keys.shape[2] >= 10
+    keys, values = kv(3, 4)
+    ours.overwrite(keys, values)
+    ref.keys, ref.values = keys, values
+    both("update", *kv(3, 1))
+
+
+def _with_dynamic_cache(monkeypatch, module):
+    """Make ``module`` decode with transformers' DynamicCache (the path the preallocated cache
+    replaced), as the reference."""
+    from transformers import DynamicCache
+
+    monkeypatch.setattr(module, "PreallocatedCache", lambda config, capacity: DynamicCache(config=config))
+
+
+@pytest.mark.parametrize("greedy,num_samples", [(True, 1), (False, 3)])
+def test_preallocated_cache_decodes_the_same_tokens_and_logprobs_as_dynamic_cache(
+        peaked_model, tiny_tokenizer, monkeypatch, greedy, num_samples):
+    """Left-padded prompts of different lengths, G samples per prompt (the prefilled cache repeated)
+    and rows stopping at different steps (cache rows selected away): the preallocated cache must
+    give the tokens and log-probs DynamicCache gives, bit for bit in float32."""
+    from reinforge.rollout import hf
+    from reinforge.rollout.kv_cache import PreallocatedLayer
+
+    tok, model = tiny_tokenizer, peaked_model
+    prompts = _prompts(tok, ["a", "what is 12+7?", "xyz", "hello there, how are you today?", "q", "bb"])
+    gen = HFGenerator(model, tok)
+    gen.eos_ids = {tok.eos_token_id, *_stop_tokens(model, tok, prompts)}
+    params = SamplingParams(num_samples=num_samples, temperature=0.9, max_new_tokens=14, greedy=greedy)
+    calls = []
+
+    def spy(op):
+        original = getattr(PreallocatedLayer, op)
+
+        def recorded(self, arg):
+            calls.append(op)
+            return original(self, arg)
+
+        monkeypatch.setattr(PreallocatedLayer, op, recorded)
+
+    spy("batch_select_indices")
+    spy("batch_repeat_interleave")
+    torch.manual_seed(3)
+    ours = gen.generate(prompts, params)
+    assert "batch_select_indices" in calls and ("batch_repeat_interleave" in calls) == (num_samples > 1)
+    lengths = ours.completion_mask.sum(1)
+    assert len(set(lengths.tolist())) >= 3 and lengths.max() == 14  # rows stopped at different steps
+    monkeypatch.undo()
+    _with_dynamic_cache(monkeypatch, hf)
+    torch.manual_seed(3)
+    ref = gen.generate(prompts, params)
+    assert torch.equal(ours.completion_ids, ref.completion_ids)
+    assert torch.equal(ours.completion_mask, ref.completion_mask)
+    assert torch.equal(ours.truncated, ref.truncated)
+    assert torch.equal(ours.sampler_logprobs, ref.sampler_logprobs)  # bit-identical
+    temperature = 1.0 if greedy else params.temperature
+    assert (_forward_logprobs(model, ours, temperature) - ours.sampler_logprobs).abs().max() < 1e-4
+
+
+def test_agent_loop_with_preallocated_cache_equals_dynamic_cache(monkeypatch):
+    """The agent loop's cache grows past its first size (observations, holes) and is compacted:
+    the trajectories and log-probs must be DynamicCache's."""
+    import test_agents
+
+    from reinforge.agents import loop
+    from reinforge.agents.loop import AgentBudgets
+
+    from conftest import eos_biased_model, make_tokenizer
+
+    from reinforge.rollout.kv_cache import PreallocatedLayer
+
+    tok = make_tokenizer()
+    model = eos_biased_model(tok, bias=2.0)
+    grew = []
+    update = PreallocatedLayer.update
+
+    def recording_update(self, *args, **kwargs):
+        out = update(self, *args, **kwargs)
+        grew.append(self.length > self.capacity)
+        return out
+
+    monkeypatch.setattr(PreallocatedLayer, "update", recording_update)
+    runs = []
+    for reference in (False, True):
+        if reference:
+            _with_dynamic_cache(monkeypatch, loop)
+        agent = test_agents._agent(model, tok, lambda: test_agents.EchoEnv(turns=5), overlap_tools=False,
+                                   budgets=AgentBudgets(max_turns=5, max_tokens_per_turn=8, max_tokens=200))
+        agent.compact_slack = -10**6  # compact before every forward
+        torch.manual_seed(2)
+        runs.append((agent.generate_examples(test_agents._examples(3), SamplingParams(num_samples=2)), agent))
+    (ours, agent), (ref, _) = runs
+    assert agent.compactions >= 1 and any(grew) and max(len(e.turns) for e in ours.episodes) >= 3
+    assert [e.token_ids for e in ours.episodes] == [e.token_ids for e in ref.episodes]
+    assert torch.equal(ours.sampler_logprobs, ref.sampler_logprobs)
+
+
+def test_generation_passes_the_cache_without_the_deprecated_argument(tiny_model, tiny_tokenizer):
+    import warnings
+
+    prompts = _prompts(tiny_tokenizer, ["a", "bb"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        HFGenerator(tiny_model, tiny_tokenizer).generate(prompts, SamplingParams(num_samples=2, max_new_tokens=3))
+
+
+def test_grouped_decode_attention_reads_a_strided_cache_view_exactly():
+    """The preallocated cache hands attention a view of its buffer's filled slots (strided rows):
+    the result must be the same bits as on a contiguous copy."""
+    from reinforge.rollout.attention import grouped_decode_attention
+
+    torch.manual_seed(0)
+    b, heads, kv_heads, length, dim = 4, 6, 2, 11, 8
+    q = torch.randn(b, heads, 1, dim)
+    buffer_k, buffer_v = torch.randn(b, kv_heads, length + 7, dim), torch.randn(b, kv_heads, length + 7, dim)
+    k, v = buffer_k[:, :, :length], buffer_v[:, :, :length]
+    assert not k.is_contiguous()
+    mask = torch.ones(b, 1, 1, length, dtype=torch.bool)
+    mask[1, ..., :3] = False
+    module = torch.nn.Module()
+    out, _ = grouped_decode_attention(module, q, k, v, mask, scaling=0.3)
+    ref, _ = grouped_decode_attention(module, q, k.contiguous(), v.contiguous(), mask, scaling=0.3)
+    assert torch.equal(out, ref)

@@ -2,7 +2,8 @@
 same ``RolloutBatch``, its rows being whole trajectories (docs/agents.md).
 
 Decoding runs over one KV cache for the whole batch (a chunk of ``rollout.generation_batch_size``
-rows), extended turn by turn instead of re-prefilling the conversation:
+rows; preallocated for a turn, doubling when observations outgrow it: ``rollout/kv_cache.py``),
+extended turn by turn instead of re-prefilling the conversation:
 
 - each distinct prompt is prefilled once; its cache rows are repeated for its samples;
 - every forward feeds each row what it has to feed: the token it just sampled, or a whole
@@ -45,10 +46,11 @@ from reinforge.agents.env import as_step_result
 from reinforge.agents.render import ChatRenderer
 from reinforge.agents.tools import parse_tool_calls
 from reinforge.batch import RolloutBatch, Segment
-from reinforge.models import autocast, model_device
+from reinforge.models import autocast, cache_kwargs, model_device
 from reinforge.rollout.attention import decode_attention
 from reinforge.rollout.base import SamplingParams
 from reinforge.rollout.hf import left_pad, sampling_logprobs
+from reinforge.rollout.kv_cache import PreallocatedCache, PreallocatedLayer
 
 
 @dataclass
@@ -331,8 +333,6 @@ class AgentGenerator(WrappedGenerator):
     def _prefill(self, model, rows: list[_Row], ctx):
         """A fresh cache for ``rows`` (each distinct sequence prefilled once): (cache, logits of
         each row's next token, attention mask, next positions)."""
-        from transformers import DynamicCache
-
         device = model_device(model)
         seqs = [r.ep.prompt_ids + r.ep.token_ids for r in rows]
         distinct: dict[tuple, int] = {}
@@ -340,11 +340,12 @@ class AgentGenerator(WrappedGenerator):
         uniq = [list(s) for s in distinct]
         ids, mask = left_pad(uniq, self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
-        cache = DynamicCache(config=model.config)
+        # Sized for a turn's tokens; observations and holes past that double it (amortised).
+        cache = PreallocatedCache(model.config, ids.shape[1] + self.budgets.max_tokens_per_turn + 1)
         with ctx:
             logits = model(input_ids=ids, attention_mask=mask.long(),
                            position_ids=(mask.long().cumsum(dim=1) - 1).clamp(min=0),
-                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                           logits_to_keep=1, **cache_kwargs(model, cache)).logits[:, -1]
         if which != list(range(len(uniq))):
             sel = torch.tensor(which, device=device)
             cache.batch_select_indices(sel)
@@ -439,7 +440,7 @@ class AgentGenerator(WrappedGenerator):
             attn = torch.cat([attn, new.to(device)], dim=1)
             with ctx:
                 logits = model(input_ids=inp.to(device), attention_mask=attn, position_ids=positions.to(device),
-                               past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                               logits_to_keep=1, **cache_kwargs(model, cache)).logits[:, -1]
             pos = pos + new.sum(dim=1).to(device)
             for k in feeding:
                 row = rows[slots[k]]
@@ -449,17 +450,21 @@ class AgentGenerator(WrappedGenerator):
         """Move each row's real cache slots to the right end, in order, dropping the holes; returns
         the new attention mask. Keys are cached after the rotary embedding, so their positions
         travel with them. Caches with sliding-window layers are left alone."""
-        from transformers.cache_utils import DynamicLayer
+        from transformers.cache_utils import DynamicCache, DynamicLayer
 
-        if type(cache).__name__ != "DynamicCache" or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        if not isinstance(cache, DynamicCache) or any(type(layer) not in (DynamicLayer, PreallocatedLayer)
+                                                       for layer in cache.layers):
             return attn
         real = attn.bool()
         width = int(real.sum(dim=1).max())
         order = torch.argsort(real.to(torch.int8), dim=1, stable=True)[:, -width:]  # holes first, then real slots
         for layer in cache.layers:
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            layer.keys = torch.gather(layer.keys, 2, index)
-            layer.values = torch.gather(layer.values, 2, index)
+            keys, values = torch.gather(layer.keys, 2, index), torch.gather(layer.values, 2, index)
+            if isinstance(layer, PreallocatedLayer):
+                layer.overwrite(keys, values)
+            else:
+                layer.keys, layer.values = keys, values
         self.compactions += 1
         return torch.gather(real, 1, order).long()
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import RolloutBatch
+from ..models import cache_kwargs
 
 
 def plan_micro_batches(
@@ -159,8 +160,8 @@ def _shared_prefix_run(module, mi: MicroInputs, pick, **first_kwargs) -> torch.T
     p_pos = mi.position_ids[mi.prompt_rows, :pw]
     cache = DynamicCache(config=module.config)
     # The prompt's last position predicts each completion's first token.
-    head = pick(module(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, past_key_values=cache,
-                       use_cache=True, **first_kwargs))
+    head = pick(module(input_ids=p_ids, attention_mask=p_attn, position_ids=p_pos, **cache_kwargs(module, cache),
+                       **first_kwargs))
     first = head[mi.prompt_index]
     if mi.completion_ids.shape[1] == 1:
         return first
@@ -169,8 +170,7 @@ def _shared_prefix_run(module, mi: MicroInputs, pick, **first_kwargs) -> torch.T
         input_ids=mi.completion_ids[:, :-1],
         attention_mask=mi.attention_mask[:, :-1],
         position_ids=mi.position_ids[:, pw:-1],
-        past_key_values=cache,
-        use_cache=True,
+        **cache_kwargs(module, cache),
     )
     rest = out.logits if hasattr(out, "logits") else out.last_hidden_state
     return torch.cat([first, rest], dim=1)

@@ -1,0 +1,123 @@
+"""A KV cache for reinforge's decode loops that writes each step's keys and values in place.
+
+transformers' ``DynamicCache`` grows every layer's keys and values with ``torch.cat`` at each
+decode step: a fresh allocation and a copy of the whole cache per layer and token (11.8% of decode
+with SmolLM2-135M on a 2-core CPU, more where large allocations page-fault). ``PreallocatedCache``
+is a ``DynamicCache`` whose full-attention layers are ``PreallocatedLayer``: one buffer per layer,
+[rows, kv_heads, capacity, head_dim], sized for the prompt and the tokens to come; each update
+writes its tokens into the next free slots and attention reads a view of the filled length, so the
+mask sizes and the values attention sees are the ones ``DynamicLayer`` gives. Other layer kinds
+(sliding windows, linear attention) stay as ``DynamicCache`` builds them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention cache layer over buffers of ``capacity`` slots, allocated at the first
+    update; past the capacity (an agent's observations) the buffers double."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = int(capacity)
+        self.length = 0
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        capacity = max(self.capacity, key_states.shape[-2])
+        self._keys = key_states.new_empty((*key_states.shape[:2], capacity, key_states.shape[-1]))
+        self._values = value_states.new_empty((*value_states.shape[:2], capacity, value_states.shape[-1]))
+        self.length = 0
+        self._expose()
+        self.is_initialized = True
+
+    def _expose(self) -> None:
+        self.keys = self._keys[:, :, : self.length]
+        self.values = self._values[:, :, : self.length]
+
+    def _resized(self, buffer: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
+        return buffer.new_empty((rows, buffer.shape[1], capacity, buffer.shape[3]))
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self._keys.shape[2]:
+            capacity = max(end, 2 * self._keys.shape[2])
+            for name in ("_keys", "_values"):
+                old = getattr(self, name)
+                new = self._resized(old, old.shape[0], capacity)
+                new[:, :, : self.length] = old[:, :, : self.length]
+                setattr(self, name, new)
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
+        self.length = end
+        self._expose()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1  # (it grows past its capacity when it must)
+
+    def overwrite(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Make ``keys`` and ``values`` (same rows) the whole cached content, in the same buffers."""
+        self.length = 0
+        self.update(keys, values)
+
+    def reset(self) -> None:
+        self._keys = self._values = None
+        self.length = 0
+        super().reset()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes the negative number of tokens to remove")
+        if self.is_initialized:
+            self.length = max(0, self.length + tokens_to_remove)
+            self._expose()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if not self.is_initialized:
+            return
+        rows, n = self._keys.shape[0], self.length
+        for name in ("_keys", "_values"):
+            old = getattr(self, name)
+            new = self._resized(old, rows * repeats, old.shape[2])
+            # One copy of the filled slots, each row written to its ``repeats`` consecutive rows.
+            new[:, :, :n].unflatten(0, (rows, repeats)).copy_(old[:, None, :, :n])
+            setattr(self, name, new)
+        self._expose()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if not self.is_initialized:
+            return
+        indices = indices.to(self._keys.device)
+        # Whole rows (free slots too): one gather, and the free slots are the steps still to come.
+        self._keys = self._keys.index_select(0, indices)
+        self._values = self._values.index_select(0, indices)
+        self._expose()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+
+class PreallocatedCache(DynamicCache):
+    """``DynamicCache(config=config)`` with its full-attention layers preallocated for
+    ``capacity`` tokens per row (prompt and new tokens)."""
+
+    def __init__(self, config, capacity: int):
+        super().__init__(config=config)
+        self.capacity = int(capacity)
+        if self.layer_class_to_replicate is not None:  # layers made as they are first used
+            self.layer_class_to_replicate = functools.partial(PreallocatedLayer, self.capacity)
+        self.layers = [PreallocatedLayer(self.capacity) if type(layer) is DynamicLayer else layer
+                       for layer in self.layers]
