@@ -378,6 +378,9 @@ class Learner:
         grad_norm, finite = guarded_step(
             self.optimizer, self.params, self.cfg.grad_clip, finite=finite, scheduler=self.scheduler
         )
+        if not bool(ran.any()):  # no token was run: there is no entropy or ratio to report
+            for key in ("entropy", "clip_fraction", "ratio_max"):
+                sums.pop(key, None)
         return {
             **sums,
             "learner_rows_skipped": float((~ran).sum()) / max(len(rollout), 1),

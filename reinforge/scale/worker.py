@@ -60,7 +60,7 @@ class RolloutWorker:
             if p not in sys.path:
                 sys.path.append(p)
         from ..config import RunConfig
-        from ..models import compute_dtype, load_model, load_tokenizer, resolve_device, resolve_model_path
+        from ..models import compute_dtype, load_model, load_tokenizer, resolve_device, resolve_model_path, resolve_precision
         from ..rewards import build_reward
         from ..rollout import build_generator
         from ..tasks import build_task
@@ -68,6 +68,8 @@ class RolloutWorker:
         cfg = RunConfig.model_validate(config)
         if threads:
             torch.set_num_threads(threads)
+        if cfg.model.dtype == "auto":  # (the trainer sends its resolved config; a worker built alone resolves here)
+            cfg, _ = resolve_precision(cfg)
         self.worker_id = worker_id
         self.seed = cfg.trainer.seed
         task = build_task(cfg.task)

@@ -362,7 +362,10 @@ def run_sweep(spec: SweepSpec, train: TrainFn, *, echo: Callable[[str], None] = 
 def _check_existing(run: RunDir, cfg: "RunConfig", *, legacy: bool) -> str:
     """The state of a planned run found on disk, after checking it was made from the same plan.
     ``legacy``: the run predates writer locks, so a live pid in its status means a writer."""
-    diff = _diff_keys(_comparable(run.load_config()), _comparable(cfg.to_dict()))
+    saved, planned = run.load_config(), cfg.to_dict()
+    if (planned.get("model") or {}).get("dtype") == "auto":  # the run resolved it where it started
+        planned["model"]["dtype"] = (saved.get("model") or {}).get("dtype", "auto")
+    diff = _diff_keys(_comparable(saved), _comparable(planned))
     if diff:
         raise SweepError(
             f"run {str(run.path)!r} was made with a different config than the sweep now plans "

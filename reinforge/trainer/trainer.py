@@ -162,6 +162,8 @@ class Trainer:
         self.precision = choice.to_dict()
 
     def _setup(self) -> None:
+        if self.precision is None:  # (run() resolves it first; a caller of _setup alone gets it here)
+            self._resolve_precision()
         cfg = self.cfg
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
@@ -489,9 +491,11 @@ class Trainer:
                     updates.append(self.learner.update(mb, train_policy=not critic_only))
                 finally:
                     self.learner.before_micro_batch = None
-        stats = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]} if updates[0] else {}
+        # (an update whose rows all had advantage 0 ran nothing and reports no entropy or ratio)
+        keys = list(dict.fromkeys(k for u in updates for k in u))
+        stats = {k: float(np.mean([u[k] for u in updates if k in u])) for k in keys}
         if "ratio_max" in stats:
-            stats["ratio_max"] = max(u["ratio_max"] for u in updates)
+            stats["ratio_max"] = max(u["ratio_max"] for u in updates if "ratio_max" in u)
         # The NaN guard counts a step as skipped if any of its updates was.
         stats["skipped"] = max(u["skipped"] for u in updates) if "skipped" in stats else 0.0
         rollout = batch.rollout
