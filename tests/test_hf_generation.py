@@ -397,3 +397,35 @@ def test_grouped_decode_attention_reads_a_strided_cache_view_exactly():
     out, _ = grouped_decode_attention(module, q, k, v, mask, scaling=0.3)
     ref, _ = grouped_decode_attention(module, q, k.contiguous(), v.contiguous(), mask, scaling=0.3)
     assert torch.equal(out, ref)
+
+
+def test_a_common_prompt_head_is_run_once_and_decodes_as_the_full_prompts(peaked_model, tiny_tokenizer):
+    """Prompts that share a long head (a system prompt, few-shot turns) run it once for all of them;
+    greedy tokens equal `generate` on the full prompts, and the sampled log-probs a full forward's."""
+    from reinforge.rollout.hf import common_prefix_length
+
+    tok, model = tiny_tokenizer, peaked_model
+    head = "Answer briefly and only with the result, please. "
+    prompts = _prompts(tok, [head + q for q in ["a", "what is 12+7?", "xyz", "hello there", "q", "bb"]])
+    assert common_prefix_length(prompts) >= 16
+    gen = HFGenerator(model, tok)
+    gen.eos_ids = {tok.eos_token_id, *_stop_tokens(model, tok, prompts)}
+    shapes = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape[:2])))
+    out = gen.generate(prompts, SamplingParams(max_new_tokens=12, greedy=True))
+    hook.remove()
+    assert shapes[0] == (1, common_prefix_length(prompts))  # the head, once
+    assert shapes[1][0] == len(prompts) and shapes[1][1] < max(len(p) for p in prompts)
+    lengths = out.completion_mask.sum(1)
+    assert len(set(lengths.tolist())) >= 2
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=12, do_sample=False,
+                             pad_token_id=tok.pad_token_id, eos_token_id=sorted(gen.eos_ids))[:, ids.shape[1]:]
+    for i in range(len(prompts)):
+        n = int(lengths[i])
+        assert out.completion_ids[i, :n].tolist() == ref[i, :n].tolist()
+    assert (_forward_logprobs(model, out) - out.sampler_logprobs).abs().max() < 1e-4
+    torch.manual_seed(2)
+    sampled = gen.generate(prompts, SamplingParams(num_samples=3, temperature=0.8, max_new_tokens=10))
+    assert (_forward_logprobs(model, sampled, 0.8) - sampled.sampler_logprobs).abs().max() < 1e-4

@@ -13,6 +13,9 @@ cannot make (docs/benchmarks.md has the measurements):
 
 Its KV cache is preallocated for the prompt and the new tokens (``kv_cache.py``): each step writes
 its keys and values in place, where ``DynamicCache`` copied the whole cache with ``torch.cat``.
+The head every prompt of a batch shares (chat template, system prompt, few-shot turns) is run once
+and its cache repeated for the batch: the main job's held-out evaluation generated 1.53x faster
+(79 of ~190 prompt tokens shared; same greedy tokens), its 8 x 8 training batch 1.14x.
 
 With ``copy_dtype`` the generator decodes with its own copy of the policy in that dtype (bf16:
 1.35x faster decoding than the fp32 master weights under autocast on a 2-core CPU with AVX512-BF16),
@@ -69,6 +72,21 @@ def sample_tokens(logprobs: torch.Tensor) -> torch.Tensor:
     cdf = logprobs.exp().cumsum(dim=-1, dtype=torch.float64)
     u = torch.rand(logprobs.shape[0], 1, dtype=torch.float64, device=logprobs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=logprobs.shape[-1] - 1).squeeze(1)
+
+
+# Shorter common heads are not worth a separate forward.
+_MIN_SHARED_PREFIX = 16
+
+
+def common_prefix_length(seqs: list[list[int]]) -> int:
+    """Tokens every sequence starts with, leaving each at least one token of its own (whose
+    position predicts the first new token)."""
+    first = seqs[0]
+    limit = min(len(s) for s in seqs) - 1
+    n = 0
+    while n < limit and all(s[n] == first[n] for s in seqs):
+        n += 1
+    return max(n, 0)
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,17 +232,29 @@ class HFGenerator:
         stopped = torch.zeros(n, dtype=torch.bool)
         first_version = torch.full((n,), self.version, dtype=torch.long)
         last_version = first_version.clone()
-        ids, mask = left_pad(prompts, self.pad_id)
+        # The prompts' common head (chat template, system prompt, few-shot turns: 79 of the main
+        # job's ~190 tokens) is run once for all of them; each prompt's own tail, left-padded,
+        # follows it in the cache, so the padding sits between the two (masked out).
+        c = common_prefix_length(prompts) if len(prompts) > 1 else 0
+        c = c if c >= _MIN_SHARED_PREFIX else 0
+        ids, mask = left_pad([p[c:] for p in prompts], self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
-        pw = ids.shape[1]
+        pw = c + ids.shape[1]
         # Room for the prompt and every token fed back (the last one sampled never is).
         cache = PreallocatedCache(model.config, pw + steps - 1)
+        if c:
+            mask = torch.cat([mask.new_ones(len(prompts), c), mask], dim=1)
         with autocast:
+            if c:
+                head = torch.tensor([prompts[0][:c]], dtype=torch.long, device=device)
+                model(input_ids=head, position_ids=torch.arange(c, device=device)[None], logits_to_keep=1,
+                      **cache_kwargs(model, cache))
+                cache.batch_repeat_interleave(len(prompts))
             # Each distinct prompt once; its last position predicts every sample's first token.
             logits = model(
                 input_ids=ids,
                 attention_mask=mask.long(),
-                position_ids=(mask.long().cumsum(dim=1) - 1).clamp(min=0),
+                position_ids=(mask.long().cumsum(dim=1) - 1).clamp(min=0)[:, c:],
                 logits_to_keep=1,
                 **cache_kwargs(model, cache),
             ).logits[:, -1]
