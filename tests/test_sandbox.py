@@ -23,6 +23,8 @@ import pytest
 import reinforge.sandbox as sandbox_module
 from reinforge.rewards.code import CodeVerifier
 from reinforge.sandbox import Case, Job, Sandbox, SandboxLimits, SandboxUnavailable
+from reinforge.sandbox import probe as sandbox_probe  # where memory_cgroup keeps its cache
+from reinforge.sandbox import sandbox as sandbox_impl  # where Sandbox._probe looks its names up
 from reinforge.tasks.base import Example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,11 +167,11 @@ def test_pool_runs_jobs_in_parallel_in_order(sb):
 
 @pytest.fixture
 def fresh_probe(monkeypatch):
-    monkeypatch.setattr(sandbox_module, "_probe_cache", {})
+    monkeypatch.setattr(sandbox_impl, "_probe_cache", {})
 
 
 def test_full_isolation_refuses_without_seccomp_and_names_the_fix(monkeypatch, fresh_probe):
-    monkeypatch.setattr(sandbox_module, "_libseccomp_error",
+    monkeypatch.setattr(sandbox_impl, "_libseccomp_error",
                         lambda: "libseccomp.so.2 cannot be loaded (test); install it")
     with pytest.raises(SandboxUnavailable) as err:
         Sandbox()
@@ -576,8 +578,8 @@ def test_memory_cgroup_bounds_the_whole_run():
 
 
 def test_cgroup_required_refuses_without_one_and_a_total_bound_warns(monkeypatch, fresh_probe):
-    monkeypatch.setattr(sandbox_module, "_cgroup_cache", {"auto": (None, "no memory controller (test)"),
-                                                           "required": (None, "no memory controller (test)")})
+    monkeypatch.setattr(sandbox_probe, "_cgroup_cache", {"auto": (None, "no memory controller (test)"),
+                                                          "required": (None, "no memory controller (test)")})
     with pytest.raises(SandboxUnavailable, match=r"(?s)no memory cgroup to enforce cgroup=required.*Delegate"):
         Sandbox(cgroup="required")
     with pytest.warns(RuntimeWarning, match=r"total_memory_mb=300 is NOT enforced.*rlimits"):

@@ -1,10 +1,14 @@
-"""The sandbox launcher: a short-lived trusted process between the reward code and an untrusted
+"""One file on purpose: sandbox.py compiles this file's own text and sends it whole to a fresh
+``python -I -S -B`` as one stdlib-only program (it can import no module of reinforge, nor a
+sibling of its own), and a security reviewer reads it top to bottom. Do not split it.
+
+The sandbox launcher: a short-lived trusted process between the reward code and an untrusted
 program. It builds the isolation, then runs the program's cases inside it.
 
 It is started as ``python -I -S -B -c <this file's text> STATUS_FD REPORT_FD`` with a clean
 environment, so it imports the standard library only and none of the trainer's modules or
 secrets, and no host path of the project shows in the sandbox's /proc/1/cmdline. The parent
-(sandbox/__init__.py) writes a header to its stdin (a decimal length, a newline, then that many
+(sandbox/sandbox.py) writes a header to its stdin (a decimal length, a newline, then that many
 bytes of `marshal` data: both sides run the same interpreter); in interactive mode everything
 after the header is the program's stdin. The launcher answers with a marshalled status dict on
 STATUS_FD; the runner (below) sends one framed report per case on REPORT_FD.
@@ -348,8 +352,8 @@ def _remount_readonly_tree(target):
 
 
 # The sandbox's own /tmp is a fresh tmpfs, which would hide a host path under /tmp bound at the same
-# place (a venv or a clone there): such paths are shown under this prefix instead. Sandbox.inside_path
-# in __init__.py applies the same rule (this file is sent alone, so it cannot import it).
+# place (a venv or a clone there): such paths are shown under this prefix instead. inside_path
+# in limits.py applies the same rule (this file is sent alone, so it cannot import it).
 HOST_TMP = "/.host-tmp"
 
 
