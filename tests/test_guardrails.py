@@ -22,11 +22,11 @@ from reinforge.evaluation.guardrails import (
     PromptCounts,
     answer_spread,
     extract_answers,
-    guardrail_verdict,
     prompt_counts,
     well_formed_flags,
 )
 from reinforge.evaluation.stats import paired_bootstrap_statistic
+from reinforge.evaluation.verdict import guardrail_verdict
 from reinforge.rewards import build_reward
 from reinforge.tasks import build_task
 from reinforge.tracking import RunDir

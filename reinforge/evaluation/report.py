@@ -94,7 +94,7 @@ def passk_markdown(summary: dict[str, Any], *, title: str, figure: str | None = 
               "majority-vote accuracy over all k-subsets of the N samples (ties split evenly). "
               "Every k is in passk.csv.", ""]
     if summary.get("guardrails"):
-        from reinforge.evaluation.guardrails import guardrail_lines, verdict_lines
+        from reinforge.evaluation.verdict import guardrail_lines, verdict_lines
 
         lines += ["## Guardrails", "", "What this accuracy must beat before it counts as learning "
                   "(docs/experiments.md, Guardrails); the model's accuracy is per sample, paired by prompt:", ""]

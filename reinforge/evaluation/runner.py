@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from reinforge.evaluation.guardrails import Guardrails, flat_metrics, guardrail_verdict, prompt_counts
+from reinforge.evaluation.guardrails import Guardrails, flat_metrics, prompt_counts
 from reinforge.evaluation.passk import summarize_samples
 from reinforge.evaluation.stats import accuracy_summary
+from reinforge.evaluation.verdict import guardrail_verdict
 
 if TYPE_CHECKING:
     from reinforge.config import RunConfig
@@ -381,7 +382,7 @@ def attach_verdict(summary: dict[str, Any], rows: list[dict], run: "RunDir | Non
     step-0 greedy evaluation (the base model before training; greedy against sampled answers,
     said in the verdict) when the evaluated task is the run's own; a base model itself gets a
     verdict against the prior baselines only."""
-    from reinforge.evaluation.guardrails import spec_from_config
+    from reinforge.evaluation.verdict import spec_from_config
     from reinforge.tracking.sampled_evals import read_sampled_eval, sampled_eval_labels
 
     if "guardrails" not in summary:
