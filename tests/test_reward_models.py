@@ -15,7 +15,6 @@ from conftest import chat_prompts, make_model, make_tokenizer
 from reinforge.algorithms import min_form_credit, sum_form_credit
 from reinforge.config import build_config
 from reinforge.reward_models import RewardHackingGuard, StepSplitter, token_ends
-from reinforge.reward_models.scorer import ScalarHeadModel, render_prompt
 from reinforge.reward_models.train import (
     RMRunConfig,
     RewardModelTrainer,
@@ -24,8 +23,9 @@ from reinforge.reward_models.train import (
     majority_pick,
     roc_auc,
 )
-from reinforge.reward_models.verifiers import JudgeVerifier, OutcomeRMVerifier, ProcessRewardVerifier
 from reinforge.rewards import RewardFunction, build_reward
+from reinforge.rewards.models.scorer import ScalarHeadModel, render_prompt
+from reinforge.rewards.models.verifiers import JudgeVerifier, OutcomeRMVerifier, ProcessRewardVerifier
 from reinforge.rewards.verifiers import ExactMatchVerifier
 from reinforge.rollout import HFGenerator, SamplingParams
 from reinforge.tasks import Example
@@ -214,7 +214,7 @@ def test_reward_model_config_errors_name_the_fix(tmp_path, rm_dir):
 
 
 def test_implicit_prm_rewards_start_at_zero_and_learn_from_outcomes(tiny_model_dir, tiny_tokenizer, tiny_model):
-    from reinforge.reward_models.verifiers import ImplicitPRMVerifier
+    from reinforge.rewards.models.verifiers import ImplicitPRMVerifier
 
     rollout = _rollout(tiny_tokenizer, tiny_model, ["x", "y"], n=2, tokens=8)
     examples = [Example(id=str(i), messages=[], answer="a") for i in range(4)]

@@ -292,8 +292,8 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
 
 def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task: Task, i: int,
                    device=None, policy_tokenizer=None):
-    if name not in _OPTIONS:  # a reward model (reinforge/reward_models): loads on the learner's device
-        from reinforge.reward_models.verifiers import build_reward_model_verifier
+    if name not in _OPTIONS:  # a reward model (reinforge/rewards/models): loads on the learner's device
+        from reinforge.rewards.models.verifiers import build_reward_model_verifier
 
         return build_reward_model_verifier(name, options, device=device or "cpu", policy_tokenizer=policy_tokenizer,
                                            where=f"reward.verifiers[{i}]")

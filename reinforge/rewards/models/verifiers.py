@@ -2,7 +2,7 @@
 (``reward.verifiers``), batched on the learner's device, each loaded from a local folder.
 
 - ``outcome_rm``: one scalar per completion from a sequence-classification model or a causal LM
-  with a value head (reinforge/reward_models/scorer.py).
+  with a value head (reinforge/rewards/models/scorer.py).
 - ``prm``: a process reward model's score at each step's last token; a credit rule
   (reinforge/algorithms/credit.py) turns step scores into token rewards on the policy's tokens.
 - ``judge``: a local causal LM asked whether the answer (or each step) is correct; its score is
@@ -26,8 +26,8 @@ import torch
 
 from reinforge.algorithms.credit import CREDIT_RULES, credit_options, implicit_prm_loss, implicit_process_rewards
 from reinforge.batch import Trajectory
-from reinforge.reward_models.scorer import ScalarHeadModel, load_tokenizer_for, local_model_folder, read_meta, render_prompt
-from reinforge.reward_models.steps import StepSplitter, token_ends
+from reinforge.rewards.models.scorer import ScalarHeadModel, load_tokenizer_for, local_model_folder, read_meta, render_prompt
+from reinforge.rewards.models.steps import StepSplitter, token_ends
 from reinforge.rewards.verifiers import VerifierResult
 from reinforge.tasks.base import Example
 
