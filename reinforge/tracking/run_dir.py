@@ -48,8 +48,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from reinforge.tracking import lock as _lock
-from reinforge.tracking.checkpoints import CHECKPOINTS_DIR, find_checkpoint, list_checkpoints
+from reinforge.tracking.checkpoints import (
+    CHECKPOINTS_DIR,
+    find_checkpoint,
+    list_checkpoints,
+)
 from reinforge.tracking.environment import collect_environment
+from reinforge.tracking.history import start_history
 from reinforge.tracking.io import (
     append_jsonl,
     append_jsonl_many,
@@ -198,9 +203,7 @@ class RunDir:
         run.acquire_writer()  # an explicit, empty directory may be raced for: one creator wins
         atomic_write_text(path / CONFIG_FILE, config.to_yaml())
         if kind == "train":
-            from reinforge.tracking.segments import start_history
-
-            start_history(run, config.to_dict())
+            start_history(run.path, config.to_dict())
         env, diff = collect_environment()
         env["seeds"] = {"trainer": config.trainer.seed, "task": config.task.seed}
         if precision is not None:
