@@ -3,7 +3,8 @@ token-out agent loop that returns the trainer's ``RolloutBatch`` (docs/agents.md
 
 from __future__ import annotations
 
-from reinforge.agents.env import ENVS, Env, EnvSpec, StepResult, ToolEnv, env_factory, env_spec, register_env
+from reinforge.agents.env import Env, StepResult, ToolEnv
+from reinforge.agents.registry import ENVS, EnvSpec, env_factory, env_spec, register_env
 from reinforge.agents.loop import AgentBudgets, AgentGenerator, Episode, TurnRecord
 from reinforge.agents.render import ChatRenderer
 from reinforge.agents.scoring import AgentReward, agent_metrics, turn_returns, write_trajectories

@@ -1,5 +1,5 @@
-"""Environments: the gym-like interface over chat messages, the common tool-using case, and the
-registry through which a config names an environment (``env.name``).
+"""Environments: the gym-like interface over chat messages and the common tool-using case (the
+registry through which a config names an environment is agents/registry.py).
 
     env = ToolEnv(tools=[add, multiply], max_turns=4)
     messages = env.reset(example)                      # what the model sees first
@@ -118,71 +118,3 @@ def as_step_result(value) -> StepResult:
             f"Env.step must return a StepResult or (observations, reward, done, info); got {type(value).__name__}"
         ) from None
     return StepResult(list(observations or []), float(reward), bool(done), dict(info or {}))
-
-
-# -- the registry ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """A registered environment: ``factory(task, **options) -> Env`` (called once per trajectory,
-    with the run's task); ``make_task(task_config) -> Task`` when the environment makes its own
-    examples (``task.source: env``); ``doc``: one line for errors and docs."""
-
-    name: str
-    factory: Callable[..., Any]
-    make_task: Callable[..., Any] | None = None
-    doc: str = ""
-
-
-ENVS: dict[str, EnvSpec] = {}
-
-
-def register_env(name: str, *, make_task: Callable[..., Any] | None = None):
-    """Register ``factory(task, **options) -> Env`` under ``name`` (a decorator); a config then
-    names it as ``env.name``."""
-
-    def deco(factory):
-        if name in ENVS and ENVS[name].factory is not factory:
-            raise ValueError(f"an environment named {name!r} is already registered")
-        doc = (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
-        ENVS[name] = EnvSpec(name, factory, make_task, doc)
-        return factory
-
-    return deco
-
-
-def env_spec(name: str) -> EnvSpec:
-    """The registered environment ``name``, or for ``module:function`` / ``file.py:function`` that
-    function as the factory (its module may also register further environments)."""
-    from reinforge.agents import envs  # noqa: F401 - registers the bundled environments
-
-    if ":" in name and name not in ENVS:
-        from reinforge.rewards.verifiers import load_callable
-
-        factory = load_callable(name)
-        return ENVS.get(name) or EnvSpec(name, factory, None, (factory.__doc__ or "").strip().split("\n")[0])
-    if name not in ENVS:
-        raise ValueError(f"env.name={name!r} is not a registered environment; registered: "
-                         f"{', '.join(sorted(ENVS))} (or name your factory as 'module:function' or "
-                         "'file.py:function')")
-    return ENVS[name]
-
-
-def env_factory(name: str, options: dict[str, Any], task) -> Callable[[], Any]:
-    """A no-argument function making a fresh environment for one trajectory. One environment is
-    made here, so bad options fail before any model loads."""
-    spec = env_spec(name)
-
-    def make():
-        env = spec.factory(task, **options)
-        for attr in ("reset", "step"):
-            if not callable(getattr(env, attr, None)):
-                raise TypeError(f"environment {name!r} has no {attr}() method (see reinforge.agents.Env)")
-        return env
-
-    try:
-        make()
-    except TypeError as err:
-        raise ValueError(f"env.options for environment {name!r}: {err}") from None
-    return make

@@ -17,7 +17,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from reinforge.agents.env import StepResult, ToolEnv, register_env
+from reinforge.agents.env import StepResult, ToolEnv
 from reinforge.agents.python_tool import make_python_tool
 from reinforge.tasks.base import Example, PromptFormat, Task, TaskError
 
@@ -61,7 +61,6 @@ CALCULATOR_SYSTEM = ("Use the calculator tool for arithmetic instead of computin
                      "the result, answer with <answer>RESULT</answer>.")
 
 
-@register_env("calculator")
 def calculator_env(task, *, tool: str = "calculator", max_turns: int | None = None, timeout_s: float = 5.0,
                    max_output_chars: int = 500, sandbox_timeout_s: float = 2.0, memory_mb: int = 512,
                    max_processes: int = 32, isolation: str = "full") -> ToolEnv:
@@ -162,7 +161,6 @@ class GuessNumberEnv:
                           self.wrong_guess_reward, False, {"guess": guess})
 
 
-@register_env("guess_number", make_task=_guess_task)
 def guess_number_env(task, *, max_turns: int | None = None, wrong_guess_reward: float = 0.0) -> GuessNumberEnv:
     """Find a hidden integer from higher/lower hints (task.source: env; task.options.high)."""
     return GuessNumberEnv(max_turns=max_turns, wrong_guess_reward=wrong_guess_reward)
@@ -224,10 +222,17 @@ class CodeFeedbackEnv:
                           {"passed": details.get("passed"), "total": details.get("total")})
 
 
-@register_env("code_feedback")
 def code_feedback_env(task, *, max_turns: int | None = None, timeout_s: float = 2.0, memory_mb: int = 512,
                       max_processes: int = 32, isolation: str = "full",
                       max_output_chars: int = 1500) -> CodeFeedbackEnv:
     """Code with test feedback from the sandbox (task.source: code)."""
     return CodeFeedbackEnv(_code_verifier(float(timeout_s), int(memory_mb), int(max_processes), isolation),
                            max_turns=max_turns, max_output_chars=max_output_chars)
+
+
+# name -> (factory, make_task): registered by agents/registry.py at the first lookup of any name.
+BUNDLED = {
+    "calculator": (calculator_env, None),
+    "guess_number": (guess_number_env, _guess_task),
+    "code_feedback": (code_feedback_env, None),
+}
