@@ -22,7 +22,7 @@ from .tracking.lock import RunLockedError
 def _train(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
     from .trainer import Trainer
-    from .trainer.resume import resume_config
+    from .lifecycle.resume import resume_config
     from .tracking import RunDir
 
     if args.resume:
@@ -57,7 +57,8 @@ def _train_rm(args: argparse.Namespace) -> int:
     """`reinforge train-rm CONFIG [key=value ...]` or `--resume RUN_DIR`: an outcome RM or a PRM
     trained on labels made here, measured on held-out prompts (reinforge/reward_models/train.py)."""
     from .config import ConfigError
-    from .reward_models.train import RewardModelTrainer, RMRunConfig, load_rm_config
+    from .reward_models.config import RMRunConfig, load_rm_config
+    from .reward_models.train import RewardModelTrainer
     from .tracking import RunDir
 
     if args.config and "=" in args.config and not Path(args.config).exists():
@@ -83,7 +84,7 @@ def _sft(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
     from .sft import SFTRunner
     from .tracking import RunDir
-    from .trainer.resume import resume_config
+    from .lifecycle.resume import resume_config
 
     if args.resume:
         if args.config:

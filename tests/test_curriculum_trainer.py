@@ -12,7 +12,7 @@ from test_trainer import _config
 
 from reinforge.config import build_config
 from reinforge.trainer import Trainer
-from reinforge.trainer.trainer import PhaseTimer
+from reinforge.experience import PhaseTimer
 from reinforge.tracking import RunDir
 
 # A few prompts, so that GRESO and the filters see prompts again within a short run; sevens_reward
@@ -49,7 +49,7 @@ def test_reinforce_ada_forms_fixed_size_groups_from_its_rounds(tmp_path, tiny_mo
                   "curriculum.ada_samples_per_round=2", "curriculum.max_rounds=5", "curriculum.ada_target=balanced")
     trainer = Trainer(cfg)
     trainer._setup()
-    scored = trainer.gather(PhaseTimer())
+    scored = trainer.local.gather(0, PhaseTimer())
     rollout = scored.rollout
     # 4 prompts, each a group of rollout.num_samples=4, whatever each prompt's pool size was
     assert len(scored.examples) == 4 and rollout.num_groups == 4

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reinforge.trainer.progress import EvalProgress, Progress
+from reinforge.lifecycle.progress import EvalProgress, Progress
 
 
 def test_eta_appears_only_once_it_is_known(capsys):

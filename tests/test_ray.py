@@ -123,7 +123,7 @@ def test_two_workers_stay_within_the_bound(tmp_path, tiny_model_dir, ray_cluster
 
 
 def test_killed_worker_is_restarted_and_no_sample_is_lost_or_repeated(tmp_path, tiny_model_dir, ray_cluster):
-    from reinforge.trainer.trainer import PhaseTimer
+    from reinforge.experience import PhaseTimer
 
     cfg = _config(tmp_path, tiny_model_dir, "scale.mode=ray", "scale.rollout_workers=2",
                   "scale.worker_threads=1", "algorithm.max_staleness=1", "rollout.max_new_tokens=64")

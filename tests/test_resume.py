@@ -30,7 +30,7 @@ from reinforge.tracking import lock as lock_mod
 from reinforge.tracking.index import run_info
 from reinforge.tracking.segments import read_segments
 from reinforge.trainer import Trainer
-from reinforge.trainer.resume import ResumeRefused, plan_resume, resume_config
+from reinforge.lifecycle.resume import ResumeRefused, plan_resume, resume_config
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
@@ -370,50 +370,3 @@ def test_one_dotted_key_setter_for_every_override():
         "task": {"options": {"min_terms": 2}}, "trainer": {"steps": 4}}
     with pytest.raises(ConfigError, match="not of the form key=value"):
         apply_overrides({}, ["trainer.steps"])
-
-
-def test_optimizer_settings_win_over_the_restored_ones_at_the_warmup_position():
-    import types
-
-    import torch
-
-    from reinforge.trainer.resume import apply_optimizer_settings
-
-    def learner(lr: float, warmup: int):
-        model = torch.nn.Linear(3, 2)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
-        return types.SimpleNamespace(model=model, optimizer=opt, scheduler=sched, critic=None)
-
-    saved = learner(0.1, 4)  # two steps into a 4-step warm-up at lr 0.1
-    for _ in range(2):
-        saved.model(torch.ones(1, 3)).sum().backward()
-        saved.optimizer.step()
-        saved.scheduler.step()
-    state = (saved.optimizer.state_dict(), saved.scheduler.state_dict())
-
-    def restored(cfg):
-        new = learner(cfg.learner.lr, cfg.learner.lr_warmup_steps)  # built from the resumed config
-        new.optimizer.load_state_dict(state[0])
-        new.scheduler.load_state_dict(state[1])
-        return new
-
-    same = build_config({}, ["learner.lr=0.1", "learner.lr_warmup_steps=4", "learner.betas=[0.9, 0.99]"])
-    new = restored(same)
-    before = [dict(g, params=None) for g in new.optimizer.param_groups]
-    apply_optimizer_settings(new, same)
-    assert [dict(g, params=None) for g in new.optimizer.param_groups] == before  # unchanged: bit for bit
-
-    changed = build_config({}, ["learner.lr=0.01", "learner.lr_warmup_steps=4", "learner.betas=[0.8, 0.9]",
-                                "learner.weight_decay=0.1", "critic.lr=0.5"])
-    new = restored(changed)
-    assert new.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 3 / 4)  # the checkpoint's rate
-    critic = types.SimpleNamespace(optimizer=torch.optim.AdamW(torch.nn.Linear(2, 1).parameters(), lr=1.0))
-    new.critic = critic
-    apply_optimizer_settings(new, changed)
-    group = new.optimizer.param_groups[0]
-    assert group["lr"] == pytest.approx(0.01 * 3 / 4) and new.scheduler.get_last_lr() == [group["lr"]]
-    assert group["betas"] == (0.8, 0.9) and group["weight_decay"] == 0.1
-    assert critic.optimizer.param_groups[0]["lr"] == 0.5
-    new.scheduler.step()  # warm-up goes on from its position, at the new rate
-    assert new.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)

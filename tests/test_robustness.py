@@ -180,7 +180,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_one_before_exactly(root, ca
 
 @pytest.mark.parametrize("damage", ["truncated optimizer.pt", "state.json deleted"])
 def test_other_damage_falls_back_too(root, damage, capsys):
-    from reinforge.trainer.resume import choose_checkpoint
+    from reinforge.lifecycle.resume import choose_checkpoint
 
     run = _copy(root, f"fallback-{damage.replace(' ', '-')}")
     harm, named = DAMAGE[damage]
@@ -470,7 +470,7 @@ def test_a_second_signal_waits_for_the_checkpoint_being_written():
     is held until the write ends, then stops; a second one elsewhere stops at once."""
     import io
 
-    from reinforge.trainer.stopping import StopControl
+    from reinforge.lifecycle.stopping import StopControl
 
     out = io.StringIO()
     stop = StopControl(grace_s=60, out=out)

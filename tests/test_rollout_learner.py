@@ -353,3 +353,45 @@ def test_zero_advantage_skip_is_off_when_something_reads_those_rows(tiny_model, 
             assert stats["learner_rows_skipped"] == 0 and sum(seen) == len(rollout)
     finally:
         POLICY_LOSSES.unregister("test_user_loss")
+
+
+def test_a_loaded_learner_state_takes_the_config_settings_at_the_warmup_position(tiny_model, tiny_tokenizer):
+    """A checkpoint's optimiser state brings back the rates it was saved with; the learner loading
+    it keeps its own config's lr, betas and weight decay, and warm-up goes on from the saved step."""
+    from reinforge.config import CriticConfig
+    from reinforge.learner.critic import Critic
+
+    gen = HFGenerator(tiny_model, tiny_tokenizer)
+    rollout, adv = _batch(gen, tiny_tokenizer)
+    batch = TrainBatch(rollout=rollout, advantages=adv, old_logprobs=None)
+    algo = AlgorithmConfig()
+    saved = Learner(copy.deepcopy(tiny_model),
+                    LearnerConfig(lr=0.1, lr_warmup_steps=4, betas=[0.9, 0.99], grad_clip=1e9), algo)
+    for _ in range(2):  # two steps into a 4-step warm-up at lr 0.1
+        saved.step(batch)
+    state = copy.deepcopy(saved.state_dict())  # the optimiser's state_dict holds its live tensors
+
+    same = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=0.1, lr_warmup_steps=4, betas=[0.9, 0.99], grad_clip=1e9), algo)
+    same.load_state_dict(copy.deepcopy(state))
+    groups = lambda learner: [dict(g, params=None) for g in learner.optimizer.param_groups]  # noqa: E731
+    assert groups(same) == groups(saved)  # unchanged settings: what was saved, bit for bit
+    assert same.scheduler.get_last_lr() == saved.scheduler.get_last_lr()
+    saved.step(batch)
+    same.step(batch)
+    assert groups(same) == groups(saved)
+    for a, b in zip(saved.params, same.params):
+        assert torch.equal(a, b)
+
+    changed = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=0.01, lr_warmup_steps=4, betas=[0.8, 0.9],
+                                                               weight_decay=0.1), algo)
+    changed.load_state_dict(copy.deepcopy(state))
+    group = changed.optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(0.01 * 3 / 4) and changed.scheduler.get_last_lr() == [group["lr"]]
+    assert group["betas"] == (0.8, 0.9) and group["weight_decay"] == 0.1
+    changed.step(batch)  # warm-up goes on from its position, at the new rate
+    assert changed.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+
+    critic = Critic(copy.deepcopy(tiny_model), CriticConfig(lr=1.0))
+    resumed = Critic(copy.deepcopy(tiny_model), CriticConfig(lr=0.5), betas=(0.8, 0.9), weight_decay=0.1)
+    resumed.load(critic.state())
+    assert [(g["lr"], g["betas"], g["weight_decay"]) for g in resumed.optimizer.param_groups] == [(0.5, (0.8, 0.9), 0.1)]

@@ -19,7 +19,7 @@ from reinforge.batch import TrainBatch
 from reinforge.config import AlgorithmConfig, LearnerConfig
 from reinforge.learner import Learner
 from reinforge.rollout import HFGenerator, SamplingParams
-from reinforge.trainer.stopping import StepAbandoned, StopControl
+from reinforge.lifecycle.stopping import StepAbandoned, StopControl
 
 from conftest import chat_prompts
 
@@ -64,7 +64,7 @@ def test_a_signal_during_a_long_native_call_is_acknowledged_at_once():
     # of a 2500x2500 matrix on one thread), during which Python cannot run its handler.
     program = textwrap.dedent("""
         import os, signal, threading, torch
-        from reinforge.trainer.stopping import StopControl
+        from reinforge.lifecycle.stopping import StopControl
         torch.set_num_threads(1)
         a = torch.randn(2500, 2500) / 50
         stop = StopControl(grace_s=30.0)

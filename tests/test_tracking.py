@@ -367,7 +367,7 @@ def test_an_explicit_run_name_is_created_by_one_process_only(cfg, fast_env):
 
 
 def test_checkpoints_are_listed_in_one_place(cfg, fast_env):
-    from reinforge.trainer.checkpoint import latest_checkpoint
+    from reinforge.lifecycle.checkpoint import latest_checkpoint
 
     run = RunDir.create(cfg)
     root = run.path / "checkpoints"

@@ -176,7 +176,7 @@ def test_failing_reward_scores_zero_and_run_goes_on(tmp_path, tiny_model_dir):
 
 def test_repeated_nan_stops_with_checkpoint_intact(tmp_path, tiny_model_dir, monkeypatch):
     import reinforge.trainer.trainer as trainer_module
-    from reinforge.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from reinforge.lifecycle.checkpoint import latest_checkpoint, load_checkpoint
 
     cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=10", "trainer.eval_every=0",
                   "trainer.checkpoint_every=2", "trainer.max_consecutive_nan=2")

@@ -14,6 +14,7 @@ from ..batch import RolloutBatch, TrainBatch
 from ..config import CriticConfig
 from ..models import autocast, model_device
 from .forward import guarded_step, micro_inputs, plan_micro_batches
+from .optim import adamw, apply_settings
 
 
 class Critic(torch.nn.Module):
@@ -32,7 +33,8 @@ class Critic(torch.nn.Module):
         self.cfg = cfg
         self.micro_batch_tokens = micro_batch_tokens
         self.autocast_dtype = autocast_dtype
-        self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.lr, betas=betas, weight_decay=weight_decay)
+        self.betas, self.weight_decay = tuple(betas), weight_decay
+        self.optimizer = adamw(self.parameters(), cfg.lr, betas, weight_decay)
 
     def _plan(self, rollout: RolloutBatch) -> list[torch.Tensor]:
         return plan_micro_batches(rollout.prompt_mask.sum(dim=1), rollout.completion_mask.sum(dim=1),
@@ -99,3 +101,4 @@ class Critic(torch.nn.Module):
     def load(self, state: dict) -> None:
         self.load_state_dict(state["weights"])
         self.optimizer.load_state_dict(state["optimizer"])
+        apply_settings(self.optimizer, self.cfg.lr, self.betas, self.weight_decay, scheduled=False)

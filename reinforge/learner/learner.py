@@ -39,6 +39,7 @@ from .forward import (
     shared_prefix_hidden,
     shared_prefix_logits,
 )
+from .optim import adamw, apply_settings, warmup_schedule
 
 
 class Learner:
@@ -87,13 +88,8 @@ class Learner:
             checkpointing = getattr(model, "is_gradient_checkpointing", False)
         self.share_prefix = cfg.share_prompt_prefix and not checkpointing
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-        )
-        warmup = cfg.lr_warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
-        )
+        self.optimizer = adamw(self.params, cfg.lr, cfg.betas, cfg.weight_decay)
+        self.scheduler = warmup_schedule(self.optimizer, cfg.lr_warmup_steps)
 
     # -- log-probs ---------------------------------------------------------------------------
     def _autocast(self):
@@ -426,7 +422,11 @@ class Learner:
         """Restore ``state_dict()``'s output; a checkpoint with a critic needs a learner with one."""
         self.load_trainable_state_dict(state["weights"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        # The saved state brings back the saved rates: this learner's config wins (an accepted new
+        # lr on resume), and warm-up goes on from the saved position at the config's rate.
+        apply_settings(self.optimizer, self.cfg.lr, self.cfg.betas, self.cfg.weight_decay, scheduled=True)
+        self.scheduler = warmup_schedule(self.optimizer, self.cfg.lr_warmup_steps,
+                                         position=state["scheduler"]["last_epoch"])
         if ("critic" in state) != (self.critic is not None):
             raise ValueError(
                 "the checkpoint and the run disagree on the critic (algorithm.advantage=gae has one): "

@@ -41,8 +41,13 @@ class Progress:
 
     def __enter__(self) -> "Progress":
         if self.enabled and self._tty:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
-            from rich.progress import TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+            from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
                 TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),

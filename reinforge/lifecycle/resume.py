@@ -30,8 +30,8 @@ took effect, in the run directory's segments.json (reinforge/tracking/segments.p
 becomes the new config. ``recipe=NAME`` on a resume applies the recipe's preset over the saved
 config (the saved config pins every key a recipe sets, so a bare name would change nothing), and
 every key the preset changes is listed. The optimiser's learning rate, betas and weight decay are
-restored from the checkpoint with its state, so :func:`apply_optimizer_settings` sets the
-config's values after the restore.
+restored from the checkpoint with its state; the learner sets its config's values again as it
+loads that state (reinforge/learner/optim.py), so an accepted change reaches the optimiser.
 """
 
 from __future__ import annotations
@@ -42,13 +42,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..config import ConfigError, RunConfig, deep_merge, parse_override, recipe_preset, set_dotted, validate_config
+from ..config import (
+    ConfigError,
+    RunConfig,
+    deep_merge,
+    parse_override,
+    recipe_preset,
+    set_dotted,
+    validate_config,
+)
 from ..tracking import RunDir, read_jsonl
-from ..tracking.checkpoints import DamagedCheckpointError, damaged_checkpoints, list_checkpoints, verify_checkpoint
-from ..tracking.segments import Change, Segment, config_changes, read_segments, record_resume
+from ..tracking.checkpoints import (
+    DamagedCheckpointError,
+    damaged_checkpoints,
+    list_checkpoints,
+    verify_checkpoint,
+)
+from ..tracking.segments import (
+    Change,
+    Segment,
+    config_changes,
+    read_segments,
+    record_resume,
+)
 
 __all__ = ["FREE_KEYS", "FIXED_KEYS", "ResumeRefused", "ResumePlan", "change_kind", "resume_config", "plan_resume",
-           "record_segment", "apply_optimizer_settings", "EVAL_KEYS", "choose_checkpoint", "check_logs",
+           "record_segment", "EVAL_KEYS", "choose_checkpoint", "check_logs",
            "DamagedCheckpointError"]
 
 # Keys (or sections, as prefixes) a resume may change freely.
@@ -256,35 +275,3 @@ def record_segment(run_dir: RunDir, config: RunConfig, step: int) -> list[Segmen
         if any(_under(k, EVAL_KEYS) for k, _, _ in config_changes(before, config.to_dict())):
             run_dir.truncate_after(-1)
     return record_resume(run_dir, step, config.to_dict(), _record_kind)
-
-
-def apply_optimizer_settings(learner, config: RunConfig) -> None:
-    """Set the config's learning rates, betas and weight decay on the learner's optimisers (the
-    policy's and the critic's) after their state was restored from a checkpoint, which brings
-    back the values it was saved with. The scheduler's base rate follows, so warm-up continues
-    from its position at the new rate. With the saved values unchanged this sets what was
-    restored, bit for bit."""
-    lc = config.learner
-    _set_optimizer(learner.optimizer, learner.scheduler, lc.lr, tuple(lc.betas), lc.weight_decay)
-    if learner.critic is not None:
-        _set_optimizer(learner.critic.optimizer, None, config.critic.lr, tuple(lc.betas), lc.weight_decay)
-
-
-def _set_optimizer(optimizer, scheduler, lr: float, betas: tuple, weight_decay: float) -> None:
-    for group in optimizer.param_groups:
-        group["betas"] = betas
-        group["weight_decay"] = weight_decay
-        if "initial_lr" in group:
-            group["initial_lr"] = lr
-    if scheduler is None:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        return
-    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
-    lambdas = getattr(scheduler, "lr_lambdas", None)
-    if lambdas is None:
-        raise TypeError(f"cannot set a new learning rate on a {type(scheduler).__name__} scheduler")
-    # LambdaLR's own rule (base rate x the factor at its position), as its next step() would.
-    for group, fn in zip(optimizer.param_groups, lambdas):
-        group["lr"] = lr * fn(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

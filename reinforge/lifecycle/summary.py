@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from ..evaluation import paired_bootstrap_diff
-from ..evaluation.guardrails import guardrail_lines, guardrail_verdict, prompt_counts, spec_from_config, verdict_lines
+from ..evaluation.guardrails import prompt_counts
+from ..evaluation.verdict import (
+    guardrail_lines,
+    guardrail_verdict,
+    spec_from_config,
+    verdict_lines,
+)
 from ..tracking import RunDir
 from ..tracking.segments import Segment, read_segments
 from .resume import EVAL_KEYS, _under

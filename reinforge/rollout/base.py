@@ -26,6 +26,13 @@ class SamplingParams:
     max_new_tokens: int = 64
     greedy: bool = False
 
+    @classmethod
+    def from_rollout(cls, rollout) -> "SamplingParams":
+        """The training samples' parameters, from the config's ``rollout`` section (the one place
+        they are read, for this process and for Ray rollout workers alike)."""
+        return cls(num_samples=rollout.num_samples, temperature=rollout.temperature, top_p=rollout.top_p,
+                   max_new_tokens=rollout.max_new_tokens)
+
 
 @runtime_checkable
 class Generator(Protocol):

@@ -124,10 +124,7 @@ class RayExperienceSource:
         self.prompts_per_step = cfg.trainer.prompts_per_step
         self.max_staleness = cfg.algorithm.max_staleness
         self.request_size = math.ceil(self.prompts_per_step / cfg.scale.rollout_workers)
-        self.sampling = SamplingParams(
-            num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
-        )
+        self.sampling = SamplingParams.from_rollout(cfg.rollout)
         # rollout.partial: weights go to a thread of their own (a concurrency group), so that they
         # reach a worker while its request decodes; otherwise the actor runs its calls in order.
         self.partial = cfg.rollout.partial
@@ -270,7 +267,7 @@ class RayExperienceSource:
     def gather(self, step: int, timer):
         """The scored groups step ``step`` trains on (the trainer's ``Scored``), from the queue and
         from results as they arrive; rounds of the curriculum as in ``Trainer.gather``."""
-        from ..trainer.trainer import Scored
+        from ..experience import Scored
 
         now = time.time()
         if self._last_gather_end is not None:

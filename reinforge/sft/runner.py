@@ -46,10 +46,10 @@ from ..tasks import build_task, encode_prompt
 from ..tracking import RunDir, atomic_write_json
 from ..tracking.curves import plot_learning_curves
 from ..tracking.run_dir import safe_name, task_label
-from ..trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
-from ..trainer.progress import Progress
-from ..trainer.resume import apply_optimizer_settings, plan_resume, record_segment
-from ..trainer.summary import write_run_summary
+from ..lifecycle.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from ..lifecycle.progress import Progress
+from ..lifecycle.resume import plan_resume, record_segment
+from ..lifecycle.summary import write_run_summary
 from .data import TokenizedDemo, collate, demos_from_file, demos_from_task, stop_token_id, tokenize_demos
 from .expert import round_prompts, round_seed, select_accepted
 
@@ -188,8 +188,6 @@ class SFTRunner:
             return
         data = load_checkpoint(ckpt)
         self.learner.load_state_dict({"weights": data["weights"], **data["optimizer"]})
-        lcfg, _ = sft_learner_config(self.cfg)
-        apply_optimizer_settings(self.learner, self.cfg.model_copy(update={"learner": lcfg}))
         set_rng_state(data["rng"])
         self.start_step = data["state"]["step"]
         self.nan_streak = data["state"].get("nan_streak", 0)

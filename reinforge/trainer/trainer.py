@@ -24,8 +24,6 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,25 +32,23 @@ import numpy as np
 import torch
 
 from ..agents import agent_metrics, build_agent, build_run_task, write_trajectories
-from ..algorithms import AdvantageInputs, compute_advantages, kl_penalty, mismatch_stats, needs_of, off_policy_correction
-from ..batch import RolloutBatch, TrainBatch, concat_rollouts
+from ..algorithms import (
+    AdvantageInputs,
+    compute_advantages,
+    kl_penalty,
+    mismatch_stats,
+    needs_of,
+    off_policy_correction,
+)
+from ..batch import TrainBatch
 from ..config import ConfigError, RunConfig
 from ..curriculum import build_curriculum
 from ..evaluation.guardrails import Guardrails
 from ..evaluation.runner import generate_and_score, greedy_heldout_eval
+from ..experience import LocalExperienceSource, PhaseTimer, Scored
 from ..learner.build import build_learner
 from ..learner.memory import check_memory
-from ..models import load_tokenizer, resolve_device, resolve_model_path, resolve_precision
-from ..reward_models.guard import RewardHackingGuard
-from ..rewards import Scores, build_reward, concat_scores
-from ..rollout import SamplingParams, build_generator
-from ..rollout.seeding import seeded_sampling
-from ..tasks import Example, encode_prompt
-from ..tracking import RunDir
-from ..tracking.checkpoints import list_checkpoints
-from ..tracking.curves import plot_learning_curves
-from ..tracking.io import DiskFullError, is_disk_full
-from .checkpoint import (
+from ..lifecycle.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     remove_partial_checkpoints,
@@ -60,10 +56,24 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from .progress import EvalProgress, Progress
-from .resume import ResumePlan, apply_optimizer_settings, plan_resume, record_segment
-from .stopping import StartupInterrupted, StepAbandoned, StopControl
-from .summary import write_run_summary
+from ..lifecycle.progress import EvalProgress, Progress
+from ..lifecycle.resume import ResumePlan, plan_resume, record_segment
+from ..lifecycle.stopping import StartupInterrupted, StepAbandoned, StopControl
+from ..lifecycle.summary import write_run_summary
+from ..models import (
+    load_tokenizer,
+    resolve_device,
+    resolve_model_path,
+    resolve_precision,
+)
+from ..rewards import build_reward
+from ..rewards.models.guard import RewardHackingGuard
+from ..rollout import SamplingParams, build_generator
+from ..tasks import Example, encode_prompt
+from ..tracking import RunDir
+from ..tracking.checkpoints import list_checkpoints
+from ..tracking.curves import plot_learning_curves
+from ..tracking.io import DiskFullError, is_disk_full
 
 log = logging.getLogger("reinforge")
 
@@ -79,32 +89,6 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-# -- what crosses the phase boundaries -------------------------------------------------------
-@dataclass
-class Collected:
-    """The collect phase: ``rollout`` sampled for ``examples`` (one per group, in group order),
-    which are the training examples at ``indices``."""
-
-    rollout: RolloutBatch
-    examples: list[Example]
-    indices: list[int]
-
-
-@dataclass
-class Scored:
-    """The score phase, after the curriculum kept its groups: the rollout, its examples (one per
-    group), the scores (one per row), and the rounds it took (``info``)."""
-
-    rollout: RolloutBatch
-    examples: list[Example]
-    scores: Scores
-    info: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def row_examples(self) -> list[Example]:
-        return [self.examples[int(g)] for g in self.rollout.group_index]
-
-
 @dataclass
 class Prepared:
     """The prepare phase: the learner's batch, and what it measured on the way (sampler/learner
@@ -112,25 +96,6 @@ class Prepared:
 
     batch: TrainBatch
     info: dict[str, float] = field(default_factory=dict)
-
-
-class PhaseTimer:
-    """Wall time per named phase within one step (phases that repeat, like collect and score
-    under dynamic sampling, add up)."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
-
-    def metrics(self) -> dict[str, float]:
-        return {f"time_{k}": v for k, v in self.times.items()}
 
 
 class Trainer:
@@ -209,16 +174,17 @@ class Trainer:
         )
         if cfg.env is not None:  # multi-turn: trajectories from an environment (docs/agents.md)
             self.generator, self.reward_fn = build_agent(cfg, self.generator, self.reward_fn, self.task)
-        self.sampling = SamplingParams(
-            num_samples=cfg.rollout.num_samples, temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
-        )
         self._prompt_cache: dict[str, list[int]] = {}
+        self.local = LocalExperienceSource(
+            examples=self.train_examples, encode=self._encode, generator=self.generator, reward_fn=self.reward_fn,
+            curriculum=self.curriculum, sampling=SamplingParams.from_rollout(cfg.rollout),
+            prompts_per_step=cfg.trainer.prompts_per_step, seed=cfg.trainer.seed, agent=cfg.env is not None,
+        )
         self.start_step = 0
         self.nan_streak = 0
         if self.run_dir is None:
             self.run_dir = RunDir.create(cfg, name=cfg.tracking.run_name, precision=self.precision)
-        # Where a step's scored groups come from: this process (``gather``), or rollout workers
+        # Where a step's scored groups come from: this process (``self.local``), or rollout workers
         # elsewhere (scale.mode=ray: reinforge/scale/), which get the weights through ``sync``.
         self.source = None
         if cfg.scale.mode == "ray":
@@ -248,8 +214,6 @@ class Trainer:
         self.learner.load_state_dict({"weights": data["weights"], **learner_state})
         if hasattr(self.reward_fn, "load_state_dict"):  # verifiers that learn during the run
             self.reward_fn.load_state_dict(reward_state)
-        # The optimiser state brings back the saved rates: an accepted new lr must win over it.
-        apply_optimizer_settings(self.learner, self.cfg)
         set_rng_state(data["rng"])
         st = data["state"]
         self.curriculum.load_state_dict(st["sampler"])
@@ -320,102 +284,6 @@ class Trainer:
         return step == t.steps or bool(t.eval_every and step % t.eval_every == 0)
 
     # -- the phases of one step --------------------------------------------------------------
-    def collect(self, indices: list[int], num_samples: int | None = None, key: tuple[int, int] = (0, 0)) -> Collected:
-        """Sample ``rollout.num_samples`` (or ``num_samples``) trajectories for each training
-        example in ``indices``, under the seed of ``key`` = (step, round) (rollout/seeding.py: a
-        Ray worker sampling the same request draws the same tokens)."""
-        examples = [self.train_examples[i] for i in indices]
-        sampling = self.sampling if num_samples is None else dataclasses.replace(self.sampling, num_samples=num_samples)
-        with seeded_sampling(self.cfg.trainer.seed, *key):
-            if self.cfg.env is not None:
-                rollout = self.generator.generate_examples(examples, sampling, record=True)
-            else:
-                rollout = self.generator.generate([self._encode(e) for e in examples], sampling)
-        return Collected(rollout, examples, indices)
-
-    def score(self, collected: Collected) -> Scores:
-        """The reward function's scores of every row (verifier rewards, shaped rewards, token
-        rewards)."""
-        rows = [collected.examples[int(g)] for g in collected.rollout.group_index]
-        return self.reward_fn.score(collected.rollout, rows)
-
-    def gather(self, timer: PhaseTimer, step: int = 0) -> Scored:
-        """Rounds of collect and score until the curriculum has ``prompts_per_step`` groups it
-        keeps, or its round limit is reached (then the last round is used whole, if nothing was
-        kept)."""
-        need = self.cfg.trainer.prompts_per_step
-        cur = self.curriculum
-        if cur.adaptive_samples:
-            return self._gather_adaptive(timer, step)
-        kept: list[tuple[RolloutBatch, list[Example], Scores]] = []
-        n_kept = rounds = 0
-        sampled_tokens = 0.0
-        last = None
-        while n_kept < need and rounds < cur.max_rounds:
-            rounds += 1
-            with timer("collect"):
-                collected = self.collect(cur.sample(need), key=(step, rounds))
-            with timer("score"):
-                scores = self.score(collected)
-            rollout = collected.rollout
-            sampled_tokens += float(rollout.action_lengths.sum())
-            cur.observe(collected.indices, scores.rewards, rollout.group_index)
-            last = (rollout, collected.examples, scores)
-            good = cur.keep(scores.rewards, rollout.group_index).nonzero().squeeze(1)[: need - n_kept]
-            if len(good) == rollout.num_groups:
-                kept.append(last)
-            elif len(good):
-                rows = torch.isin(rollout.group_index, good).nonzero().squeeze(1)
-                part = rollout.select(rows)
-                kept.append((part, [collected.examples[int(g)] for g in good],
-                             scores.select(rows, part.completion_ids.shape[1])))
-            n_kept += len(good)
-        info = {"sampling_rounds": float(rounds), "informative_groups": float(n_kept)} if cur.max_rounds > 1 else {}
-        # Every round's tokens, kept or not (generated_tokens counts the trained-on rows only).
-        info.update(sampled_tokens=sampled_tokens, **cur.finish_step())
-        if not kept:
-            return Scored(*last, info=info)
-        if len(kept) == 1:
-            return Scored(*kept[0], info=info)
-        rollout = concat_rollouts([k[0] for k in kept], pad_id=self.generator.pad_id)
-        return Scored(rollout, [e for k in kept for e in k[1]],
-                      concat_scores([k[2] for k in kept], rollout.completion_ids.shape[1]), info=info)
-
-    def _gather_adaptive(self, timer: PhaseTimer, step: int = 0) -> Scored:
-        """Adaptive samples per prompt (Reinforce-Ada): the step's prompts are sampled in rounds of
-        ``curriculum.samples_per_round``, each round only for the prompts ``curriculum.resample()``
-        names, then ``curriculum.form_groups()`` picks each prompt's group from its samples."""
-        cur = self.curriculum
-        indices = cur.sample(self.cfg.trainer.prompts_per_step)
-        examples = [self.train_examples[i] for i in indices]
-        parts: list[tuple[RolloutBatch, Scores]] = []
-        row_prompt: list[int] = []   # the step's prompt (position in indices) of each pooled row
-        active, rounds = list(range(len(indices))), 0
-        while active and rounds < cur.max_rounds:
-            rounds += 1
-            with timer("collect"):
-                collected = self.collect([indices[p] for p in active], num_samples=cur.samples_per_round,
-                                         key=(step, rounds))
-            with timer("score"):
-                scores = self.score(collected)
-            cur.observe(collected.indices, scores.rewards, collected.rollout.group_index)
-            parts.append((collected.rollout, scores))
-            row_prompt += [active[int(g)] for g in collected.rollout.group_index]
-            active = cur.resample()
-        rollout = concat_rollouts([p[0] for p in parts], pad_id=self.generator.pad_id)
-        width = rollout.completion_ids.shape[1]
-        scores = concat_scores([p[1] for p in parts], width)
-        sampled_tokens = float(rollout.action_lengths.sum())
-        rows_of: dict[int, list[int]] = {}
-        for row, p in enumerate(row_prompt):
-            rows_of.setdefault(p, []).append(row)
-        rows = torch.tensor([rows_of[p][k] for p, picks in enumerate(cur.form_groups()) for k in picks])
-        # Rows of one prompt from different rounds become one group.
-        rollout = dataclasses.replace(rollout, group_index=torch.tensor(row_prompt)).select(rows)
-        scores = scores.select(rows, rollout.completion_ids.shape[1])
-        info = {"sampling_rounds": float(rounds), "sampled_tokens": sampled_tokens, **cur.finish_step()}
-        return Scored(rollout, examples, scores, info=info)
-
     def prepare(self, scored: Scored) -> Prepared:
         """Everything the update needs, as the algorithm's components declare it."""
         algo, needs = self.cfg.algorithm, self.needs
@@ -585,10 +453,9 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
         with self._stop.abandonable():       # past the stop grace period, undone (trainer/stopping.py)
-            if self.source is not None:      # rollout workers elsewhere: streamed, scored there
-                scored = self.source.gather(step, timer)
-            else:                            # collect + score, as often as the curriculum asks
-                scored = self.gather(timer, step)
+            # rollout workers elsewhere (streamed, scored there), or collect + score here, as often
+            # as the curriculum asks
+            scored = (self.source if self.source is not None else self.local).gather(step, timer)
             with timer("prepare"):
                 prepared = self.prepare(scored)
         with timer("update"):
