@@ -1,5 +1,7 @@
-"""The controller loop, checkpoints and resume."""
+"""The RL controller loop (trainer.py) and what it saves, logs and reports (state.py, step_log.py,
+outcome.py)."""
 
-from .trainer import RunResult, Trainer
+from .outcome import RunResult
+from .trainer import Trainer
 
 __all__ = ["RunResult", "Trainer"]

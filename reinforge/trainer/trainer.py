@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import errno
 import logging
-import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from ..agents import agent_metrics, build_agent, build_run_task, write_trajectories
+from ..agents import build_agent, build_run_task
 from ..algorithms import (
     AdvantageInputs,
     compute_advantages,
@@ -41,7 +37,7 @@ from ..algorithms import (
     off_policy_correction,
 )
 from ..batch import TrainBatch
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 from ..curriculum import build_curriculum
 from ..evaluation.guardrails import Guardrails
 from ..evaluation.runner import generate_and_score, greedy_heldout_eval
@@ -49,15 +45,10 @@ from ..experience import LocalExperienceSource, PhaseTimer, Scored
 from ..learner.build import build_learner
 from ..learner.memory import check_memory
 from ..lifecycle.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    remove_partial_checkpoints,
     rng_state,
-    save_checkpoint,
-    set_rng_state,
 )
 from ..lifecycle.progress import EvalProgress, Progress
-from ..lifecycle.resume import ResumePlan, plan_resume, record_segment
+from ..lifecycle.resume import ResumePlan, plan_resume
 from ..lifecycle.stopping import StartupInterrupted, StepAbandoned, StopControl
 from ..lifecycle.summary import write_run_summary
 from ..models import (
@@ -71,22 +62,16 @@ from ..rewards.models.guard import RewardHackingGuard
 from ..rollout import SamplingParams, build_generator
 from ..tasks import Example, encode_prompt
 from ..tracking import RunDir
-from ..tracking.checkpoints import list_checkpoints
 from ..tracking.curves import plot_learning_curves
-from ..tracking.io import DiskFullError, is_disk_full
+from .outcome import RunResult, failed, interrupted, startup_interrupted
+from .state import checkpoint, restore, save_final_model
+from .step_log import step_metrics
 
 log = logging.getLogger("reinforge")
 
 
 class StopRequested(Exception):
     pass
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    steps_done: int
-    summary: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -192,61 +177,11 @@ class Trainer:
 
             self.source = build_experience_source(self)
         if self._resume:
-            self._restore()
+            restore(self)
         if cfg.scale.learners > 1:  # the other ranks start from this (restored) learner's state
             from ..scale.learner_group import LearnerGroup
 
             self.learner = LearnerGroup.start(self.learner, cfg, model_path, self.device)
-
-    def _restore(self) -> None:
-        # The plan chose the newest checkpoint whose checksums match (reinforge/trainer/resume.py).
-        ckpt = self._plan.checkpoint if self._plan is not None else latest_checkpoint(self.run_dir.path)
-        for name in remove_partial_checkpoints(self.run_dir.path):
-            log.info("removed %s, a checkpoint a killed process left half-written", name)
-        if ckpt is None:
-            log.warning("no checkpoint in %s: starting from step 0", self.run_dir.path)
-            self.run_dir.truncate_after(0)
-            record_segment(self.run_dir, self.cfg, 0)
-            return
-        data = load_checkpoint(ckpt)  # DamagedCheckpointError names an unreadable file
-        learner_state = dict(data["optimizer"])
-        reward_state = learner_state.pop("reward_models", {})
-        self.learner.load_state_dict({"weights": data["weights"], **learner_state})
-        if hasattr(self.reward_fn, "load_state_dict"):  # verifiers that learn during the run
-            self.reward_fn.load_state_dict(reward_state)
-        set_rng_state(data["rng"])
-        st = data["state"]
-        self.curriculum.load_state_dict(st["sampler"])
-        self.nan_streak = st.get("nan_streak", 0)
-        self.start_step = st["step"]
-        # A generator with its own weights started from the base model's.
-        self._sync_generator(self.start_step)
-        self.run_dir.truncate_after(self.start_step)
-        if self.hacking_guard is not None:
-            self.hacking_guard.replay(self.run_dir.read_metrics())
-        record_segment(self.run_dir, self.cfg, self.start_step)  # segments.json, then config.yaml
-        log.info("resumed %s from step %d", self.run_dir.path, self.start_step)
-
-    def _checkpoint(self, step: int, start_of_next: tuple[dict, dict] | None = None) -> None:
-        """Checkpoint the state after ``step``. ``start_of_next``: the (RNG, curriculum) states
-        taken when the next step began, for a step that was abandoned after changing them."""
-        state = self.learner.state_dict()
-        reward_state = self.reward_fn.state_dict() if hasattr(self.reward_fn, "state_dict") else {}
-        if reward_state:  # verifiers that learn during the run (PRIME's implicit PRM)
-            state["reward_models"] = reward_state
-        rng, sampler = start_of_next if start_of_next is not None else (None, self._curriculum_state())
-        with self._stop.critical():  # a second Ctrl-C/SIGTERM waits for the write to end
-            save_checkpoint(
-                self.run_dir.path, step,
-                weights=state.pop("weights"),
-                optimizer_state=state,
-                trainer_state={"sampler": sampler, "nan_streak": self.nan_streak},
-                keep=self.cfg.trainer.keep_checkpoints, rng=rng,
-            )
-
-    def _curriculum_state(self):
-        # Rollout workers sample ahead: their source knows the state before what is not yet trained.
-        return self.source.curriculum_state() if self.source is not None else self.curriculum.state_dict()
 
     def _encode(self, example) -> list[int]:
         ids = self._prompt_cache.get(example.id)
@@ -392,63 +327,9 @@ class Trainer:
             self.source.publish(state, version)
 
     def log(self, step: int, scored: Scored, prepared: Prepared, stats: dict[str, float], timer: PhaseTimer) -> dict[str, float]:
-        """The step's metrics, and its first ``trainer.samples_to_log`` samples into the run."""
-        rollout, scores = scored.rollout, scored.scores
-        batch = prepared.batch
-        rewards, outcomes, actions = scores.shaped, scores.outcomes, rollout.action_mask
-        elapsed = sum(timer.times.values())
-        lengths = rollout.action_lengths.float()
-        n_tokens = float(lengths.sum())
-        groups = rollout.num_groups
-        grouped_min = torch.full((groups,), torch.inf).scatter_reduce(0, rollout.group_index, rewards, "amin")
-        grouped_max = torch.full((groups,), -torch.inf).scatter_reduce(0, rollout.group_index, rewards, "amax")
-        adv = batch.advantages
-        adv_tok = adv if adv.dim() == 2 else adv[:, None].expand_as(actions)
-        metrics = {
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            "accuracy": float(np.mean([o.correct for o in outcomes])),
-            "uniform_group_frac": float((grouped_max == grouped_min).float().mean()),
-            "advantage_abs_mean": float(adv_tok[actions].abs().mean()) if actions.any() else 0.0,
-            "completion_length": float(lengths.mean()),
-            "truncated_frac": float(rollout.truncated.float().mean()),
-            "reward_errors": float(sum(len(o.errors) for o in outcomes)),
-            "generated_tokens": n_tokens,
-            "tokens_per_s": n_tokens / max(elapsed, 1e-9),
-            "time_step": elapsed,
-            **timer.metrics(),
-            **{f"reward/{k}": float(np.mean([o.components.get(k, 0.0) for o in outcomes]))
-               for k in (outcomes[0].components if outcomes else {})},
-            **scored.info,
-            **prepared.info,
-            **stats,
-        }
-        # Mean length of right and of wrong completions apart: GRPO's per-sequence normalisation
-        # lets wrong answers grow longer (Liu et al. 2025, arXiv:2503.20783, their Figure 5).
-        correct = torch.tensor([bool(o.correct) for o in outcomes], dtype=torch.bool)
-        if len(correct) == len(lengths):
-            for key, sel in (("completion_length_correct", correct), ("completion_length_incorrect", ~correct)):
-                if sel.any():
-                    metrics[key] = float(lengths[sel].mean())
-        if self.hacking_guard is not None:
-            metrics.update(self.hacking_guard.observe(step, metrics))
-        k = min(self.cfg.trainer.samples_to_log, len(rollout))
-        if k:
-            rows = []
-            row_examples = scored.row_examples
-            for i in range(k):
-                o, e, a = outcomes[i], row_examples[i], adv[i]
-                rows.append({"prompt_id": e.id, "answer": e.answer, "completion": rollout.texts[i],
-                             "reward": float(rewards[i]), "correct": o.correct,
-                             "advantage": float(a if a.dim() == 0 else a[actions[i]].mean() if actions[i].any() else 0.0),
-                             "version": int(rollout.versions[i]), "errors": o.errors})
-            self.run_dir.log_samples(step, rows)
-        if self.cfg.env is not None:  # every trajectory of the step, whole, and the agent metrics
-            episodes = self.generator.pop_recorded()
-            metrics.update(agent_metrics(episodes))
-            write_trajectories(self.run_dir.path / "trajectories" / f"step_{step:06d}.jsonl",
-                               [e.to_record() for e in episodes])
-        return metrics
+        """The step's metrics, and its first ``trainer.samples_to_log`` samples into the run
+        (trainer/step_log.py)."""
+        return step_metrics(self, step, scored, prepared, stats, timer)
 
     def train_step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
@@ -493,11 +374,11 @@ class Trainer:
                             return RunResult(self.run_dir.path, 0)
                     return self._run()
                 except StartupInterrupted as stop:
-                    self._startup_interrupted(stop)
+                    startup_interrupted(self, stop)
                 except KeyboardInterrupt:  # a second signal after the last step (final model, summary)
-                    return self._interrupted(self.cfg.trainer.steps)
+                    return interrupted(self, self.cfg.trainer.steps)
                 except Exception as err:
-                    reported = self._failed(err)
+                    reported = failed(self, err)
                     if reported is err:
                         raise
                     raise reported from err
@@ -516,44 +397,6 @@ class Trainer:
             finally:
                 if self.run_dir is not None:
                     self.run_dir.release_writer()
-
-    def _interrupted(self, step: int) -> RunResult:
-        rd = self.run_dir
-        ckpts = list_checkpoints(rd.path)
-        since = f"the checkpoint of step {ckpts[-1][0]}" if ckpts else "step 0 (no checkpoint was written)"
-        rd.set_status("interrupted", step=step, resume=f"reinforge train --resume {rd.path}")
-        print(f"reinforge: interrupted at step {step}; a resume continues from {since}. Resume with: "
-              f"reinforge train --resume {rd.path}", file=sys.stderr)
-        return RunResult(rd.path, step)
-
-    def _startup_interrupted(self, stop: StartupInterrupted) -> None:
-        """A stop before the first step: nothing was trained; a run directory that exists (a
-        resume, or a new run created just before) is marked interrupted. Raises the stop on."""
-        rd = self.run_dir
-        if rd is not None and (rd.path / "config.yaml").is_file():
-            rd.set_status("interrupted", step=self._plan.checkpoint_step if self._plan is not None else 0,
-                          resume=f"reinforge train --resume {rd.path}")
-        raise stop
-
-    def _failed(self, err: Exception) -> Exception:
-        """Mark the run failed with the reason (never left at "running"); returns the exception to
-        raise: a full disk becomes a DiskFullError saying what filled up and what is intact."""
-        rd = self.run_dir
-        if is_disk_full(err) and not isinstance(err, DiskFullError):
-            ckpts = list_checkpoints(rd.path) if rd is not None else []
-            where = getattr(err, "filename", None) or "the run directory"
-            kept = f"the latest checkpoint {ckpts[-1][1].name} is intact" if ckpts else "no checkpoint was written yet"
-            err = DiskFullError(errno.ENOSPC, f"no space left on device writing {where}; {kept}: free space, then "
-                                    f"`reinforge train --resume {rd.path if rd else '...'}`")
-        # A refused command (a config change the resume policy rejects) leaves the run as it was.
-        refused = isinstance(err, ConfigError)
-        if (not refused and rd is not None and (rd.path / "config.yaml").is_file()
-                and rd.status().get("state") != "failed"):
-            try:
-                rd.set_status("failed", reason=f"{type(err).__name__}: {err}")
-            except OSError as status_err:  # e.g. the disk is still full
-                log.error("could not mark %s failed: %s", rd.path, status_err)
-        return err
 
     def _run(self) -> RunResult:
         self._setup()
@@ -590,7 +433,7 @@ class Trainer:
                               "grace period: abandoned, it is redone on resume", file=sys.stderr)
                         step -= 1
                         if step > checkpointed:
-                            self._checkpoint(step, start_of_next=step_start)
+                            checkpoint(self, step, start_of_next=step_start)
                         raise StopRequested from None
                     if step == self.stop_after_step:  # `reinforge reproduce` replaying a segment
                         self._stop_requested = True
@@ -616,20 +459,20 @@ class Trainer:
                             print(f"reinforge: the evaluation of step {step} was still running after the "
                                   f"{cfg.trainer.stop_grace_s:g} s grace period: abandoned, it is made on "
                                   "resume", file=sys.stderr)
-                            self._checkpoint(step)
+                            checkpoint(self, step)
                             raise StopRequested from None
                     stopping = self._stop_requested or self._stop.requested
                     if is_last or stopping or (
                         cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0
                     ):
-                        self._checkpoint(step)
+                        checkpoint(self, step)
                         checkpointed = step
                     bar.update(step, metrics=metrics, eval=last_eval)
                     if stopping and not is_last:
                         raise StopRequested
         except (KeyboardInterrupt, StopRequested):
-            return self._interrupted(step)
-        self._save_final_model()
+            return interrupted(self, step)
+        save_final_model(self)
         summary = write_run_summary(rd, recipe=cfg.recipe, task_name=self.task.name, model_path=cfg.model.path,
                                     seed=cfg.trainer.seed, wall_time=time.perf_counter() - started)
         if self.init_model_path is not None:  # say what the SFT stage did before RL's step 0
@@ -639,12 +482,3 @@ class Trainer:
         plot_learning_curves(rd)
         rd.set_status("finished", step=step)
         return RunResult(rd.path, step, summary)
-
-    def _save_final_model(self) -> None:
-        target = self.run_dir.path / "final_model"
-        tmp = self.run_dir.path / ".tmp-final_model"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
