@@ -9,11 +9,7 @@ the trainer and the memory guard what a whole ``algorithm`` config needs.
 """
 
 from reinforge.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
     SCALE_MODES,
-    AdvantageInputs,
-    Advantages,
-    compute_advantages,
     gae_advantages,
     greedy_baseline_advantages,
     group_normalized_advantages,
@@ -21,12 +17,18 @@ from reinforge.algorithms.advantages import (
     leave_one_out_advantages,
     masked_whiten,
     passk_advantages,
-    register_advantage,
     reinforce_pp_advantages,
     scale_mode,
     token_level_rewards,
 )
 from reinforge.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss
+from reinforge.algorithms.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    Advantages,
+    compute_advantages,
+    register_advantage,
+)
 from reinforge.algorithms.losses import (
     COV_PENALTIES,
     K3_MAX,

@@ -6,7 +6,7 @@ The trainer (which forwards to run, which models to load, what to generate) and 
 
 from __future__ import annotations
 
-from reinforge.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from reinforge.algorithms.estimators import ADVANTAGE_ESTIMATORS
 from reinforge.algorithms.losses import POLICY_LOSSES
 from reinforge.algorithms.off_policy import OFF_POLICY_CORRECTIONS
 from reinforge.algorithms.registry import Needs
