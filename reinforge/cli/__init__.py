@@ -30,7 +30,7 @@ def _terminate_as_interrupt(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     """The command line. SIGTERM is treated as Ctrl-C from the start (a training run then stops as
-    reinforge/trainer/stopping.py says); a stop before a run began prints one line, no traceback."""
+    reinforge/lifecycle/stopping.py says); a stop before a run began prints one line, no traceback."""
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)

@@ -24,7 +24,7 @@ def _train(args: argparse.Namespace) -> int:
                               f"(got the config file {args.config!r})")
         rd = RunDir.open(args.resume)
         # The trainer takes the run's writer lock, then checks these changes against the resume
-        # policy and prints them, before anything loads (reinforge/trainer/resume.py).
+        # policy and prints them, before anything loads (reinforge/lifecycle/resume.py).
         cfg = resume_config(rd.load_config(), args.overrides)
         trainer = Trainer(cfg, run_dir=rd, resume=True, new_segment=args.new_segment)
     else:
@@ -34,7 +34,7 @@ def _train(args: argparse.Namespace) -> int:
         trainer = Trainer(cfg)
     try:
         result = trainer.run()
-    except KeyboardInterrupt as stop:  # only a stop during start-up gets here (trainer/stopping.py)
+    except KeyboardInterrupt as stop:  # only a stop during start-up gets here (lifecycle/stopping.py)
         hint = f" Resume with: reinforge train --resume {args.resume}" if args.resume else ""
         print(f"reinforge: stopped by {stop.args[0] if stop.args else 'SIGINT'} during start-up; nothing was "
               f"trained.{hint}", file=sys.stderr)

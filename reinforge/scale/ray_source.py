@@ -1,7 +1,7 @@
 """Experience from Ray rollout workers, streamed, with bounded staleness.
 
 The trainer asks ``gather(step, timer)`` for a step's scored groups, exactly as it asks its own
-``Trainer.gather`` in the local mode, and hands the new weights to ``publish(state, version)``
+``LocalExperienceSource.gather`` in the local mode, and hands the new weights to ``publish(state, version)``
 after each update. Between the two, this class keeps the workers busy:
 
 - **Requests.** The curriculum picks prompts (``Curriculum.sample``) in the driver; a request is
@@ -266,7 +266,7 @@ class RayExperienceSource:
     # -- the trainer's side ------------------------------------------------------------------
     def gather(self, step: int, timer):
         """The scored groups step ``step`` trains on (the trainer's ``Scored``), from the queue and
-        from results as they arrive; rounds of the curriculum as in ``Trainer.gather``."""
+        from results as they arrive; rounds of the curriculum as in ``LocalExperienceSource.gather``."""
         from ..experience import Scored
 
         now = time.time()
@@ -324,7 +324,7 @@ class RayExperienceSource:
             self._top_up()  # with K >= 1 the workers go on with the next step while the learner trains
         rounds = prompts_arrived // need
         if not taken:
-            # Nothing kept in max_rounds rounds: the last round is used whole, as Trainer.gather does.
+            # Nothing kept in max_rounds rounds: the last round is used whole, as LocalExperienceSource.gather does.
             last_round: list[_Chunk] = []
             while arrived and sum(len(c.examples) for c in last_round) < need:
                 last_round.insert(0, arrived.pop())

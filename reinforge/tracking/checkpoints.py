@@ -1,7 +1,7 @@
 """Which checkpoints a run directory holds, and whether they are intact: the one place that says.
 
 The trainer writes ``checkpoints/step_NNNNNN/`` under a temporary name and renames it into place
-with ``state.json`` written last (reinforge/trainer/checkpoint.py), so a folder with a
+with ``state.json`` written last (reinforge/lifecycle/checkpoint.py), so a folder with a
 ``state.json`` is complete. Everything that reads checkpoints (resume, ``reinforge eval
 --checkpoint``, pruning of old ones) finds them here.
 

@@ -14,7 +14,7 @@ from, the whole config, and the change from the segment before, each key's chang
 ``kind`` is ``"free"`` for a change that does not alter what a step computes (more steps, eval or
 checkpoint cadence, exporters, progress) and ``"segment"`` for one that does (accepted only with
 ``--new-segment``). Which key is which is the trainer's resume policy
-(reinforge/trainer/resume.py); this module only keeps the record. A training run is created with
+(reinforge/lifecycle/resume.py); this module only keeps the record. A training run is created with
 its first segment recorded, so a later hand edit of ``config.yaml`` shows as a change on the next
 resume; a run made before segments existed has no ``segments.json``, and its one segment is
 ``config.yaml``.

@@ -87,7 +87,7 @@ class Trainer:
     def __init__(self, config: RunConfig, *, run_dir: RunDir | None = None, resume: bool = False,
                  new_segment: bool = False):
         """``resume``: continue ``run_dir`` from its latest checkpoint under ``config``; a change
-        that alters what a step computes needs ``new_segment`` (reinforge/trainer/resume.py)."""
+        that alters what a step computes needs ``new_segment`` (reinforge/lifecycle/resume.py)."""
         self.cfg = config
         self._resume = resume
         self._new_segment = new_segment
@@ -333,7 +333,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
-        with self._stop.abandonable():       # past the stop grace period, undone (trainer/stopping.py)
+        with self._stop.abandonable():       # past the stop grace period, undone (lifecycle/stopping.py)
             # rollout workers elsewhere (streamed, scored there), or collect + score here, as often
             # as the curriculum asks
             scored = (self.source if self.source is not None else self.local).gather(step, timer)
@@ -356,7 +356,7 @@ class Trainer:
     def run(self) -> RunResult:
         """Train. The run directory's writer lock is held throughout: a second writer is refused
         before anything loads, and a resume's config changes are checked and printed first.
-        Ctrl-C and SIGTERM stop the run as trainer/stopping.py says; whatever ends it, status.json
+        Ctrl-C and SIGTERM stop the run as lifecycle/stopping.py says; whatever ends it, status.json
         says how (finished, interrupted with the resume command, or failed with the reason)."""
         if self.run_dir is not None:
             self.run_dir.acquire_writer()  # a new run's directory is created with the lock held
