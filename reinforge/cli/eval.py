@@ -221,7 +221,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _eval_boundary(args: argparse.Namespace, overrides: list[str]) -> int:
-    from ..config import ConfigError, build_config, load_config
+    from ..config import ConfigError, build_config
     from ..evaluation.boundary import boundary_analysis, boundary_csv, boundary_markdown, plot_boundary
     from ..evaluation.runner import ModelSource
     from ..tracking import RunDir, atomic_write_bytes, atomic_write_json, atomic_write_text

@@ -146,3 +146,14 @@ class CurriculumConfig(BaseModel):
             if None in labels or len(set(labels)) != len(labels):
                 raise ValueError(f"curriculum.mixture: every entry needs a distinct label or task.name (got {labels})")
         return self
+
+
+def check_ada_budget(group_size: int, samples_per_round: int, max_rounds: int) -> None:
+    """Reinforce-Ada samples a prompt in at most ``max_rounds`` rounds of ``samples_per_round``:
+    that budget must cover one group (the config validation and the strategy both ask here)."""
+    if samples_per_round * max_rounds < group_size:
+        raise ValueError(
+            f"curriculum: reinforce_ada's budget max_rounds x ada_samples_per_round = {max_rounds} x "
+            f"{samples_per_round} is smaller than the group size rollout.num_samples={group_size}; raise "
+            "curriculum.max_rounds or curriculum.ada_samples_per_round"
+        )

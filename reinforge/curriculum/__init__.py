@@ -12,10 +12,11 @@ what they see get every round's rewards through ``observe``, log what they did p
 docs/curricula.md has each rule and its paper.
 """
 
+from reinforge.config.curriculum import CurriculumConfig, MixtureEntry
+
 from .adaptive import ReinforceAda
 from .base import Curriculum, DynamicSampling, EpochSampler, group_outcomes
 from .build import build_curriculum
-from .config import CurriculumConfig, MixtureEntry
 from .filters import DifficultyFilter, Greso
 from .pools import DifficultySchedule, PooledTask, TaskMixture
 

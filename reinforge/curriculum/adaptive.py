@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..config.curriculum import check_ada_budget
 from .base import Curriculum
 
 
@@ -30,12 +31,7 @@ class ReinforceAda(Curriculum):
     def __init__(self, num_examples: int, seed: int, *, group_size: int, samples_per_round: int, max_rounds: int,
                  target: str, **kw):
         super().__init__(num_examples, seed, **kw)
-        if samples_per_round * max_rounds < group_size:
-            raise ValueError(
-                f"curriculum: reinforce_ada's budget max_rounds x ada_samples_per_round = {max_rounds} x "
-                f"{samples_per_round} is smaller than the group size rollout.num_samples={group_size}; raise "
-                "curriculum.max_rounds or curriculum.ada_samples_per_round"
-            )
+        check_ada_budget(group_size, samples_per_round, max_rounds)
         if target not in ("positive", "both", "balanced"):
             raise ValueError(f"curriculum.ada_target={target!r}: accepted: positive, both, balanced")
         self.n, self.samples_per_round, self.max_rounds, self.target = group_size, samples_per_round, max_rounds, target

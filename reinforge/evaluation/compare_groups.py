@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from reinforge.evaluation.aggregate import interval_estimate, mean
+from reinforge.tracking.history import flatten_dotted
 from reinforge.tracking.index import find_runs, run_state
 from reinforge.tracking.run_dir import RunDir, task_label
 from reinforge.tracking.segments import segment_label
@@ -31,14 +32,7 @@ ALWAYS_IGNORED = ("trainer.num_threads",)
 
 def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Dotted keys -> canonical JSON of the value (lists and empty dicts stay whole values)."""
-    out: dict[str, str] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten_config(v, key + "."))
-        else:
-            out[key] = json.dumps(v, sort_keys=True, default=str)
-    return out
+    return {k: json.dumps(v, sort_keys=True, default=str) for k, v in flatten_dotted(tree, prefix).items()}
 
 
 def is_ignored_key(key: str, extra: Sequence[str] = ()) -> bool:

@@ -35,7 +35,7 @@ class RMSettings(_Section):
     aggregate: Literal[AGGREGATES] = Field("min", description="kind=prm: a completion's score for best-of-N "
                                            "from its step scores (min, last, mean, prod).")
     lr: float = Field(2e-5, gt=0, description="AdamW learning rate of the reward model.")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay while training the reward model.")
     epochs: int = Field(2, ge=1, description="Passes over the labelled training completions.")
     batch_size: int = Field(8, ge=1, description="Completions per optimiser step.")
     max_length: int = Field(512, ge=16, description="Tokens the reward model reads (longer texts lose their start).")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from reinforge.config.callables import given_callable
 from reinforge.rewards._deadline import call_with_deadline
 from reinforge.rewards.extract import extract_answer, is_well_formed
 from reinforge.tasks.base import Example, Task, normalize_answer
@@ -249,11 +250,16 @@ class FormatVerifier:
 
 
 def load_callable(target: str):
-    """``package.module:function`` or ``path/to/file.py:function``."""
+    """``package.module:function`` or ``path/to/file.py:function`` (``Class.method`` qualnames
+    too); a function this process gave the config as an object is that object
+    (reinforge/config/callables.py)."""
     import importlib
     import importlib.util
     from pathlib import Path
 
+    given = given_callable(target)
+    if given is not None:
+        return given
     if ":" not in target:
         raise ValueError(f"function {target!r} must look like 'module:function' or 'file.py:function'")
     module_name, attr = target.rsplit(":", 1)
@@ -269,7 +275,9 @@ def load_callable(target: str):
             module = importlib.import_module(module_name)
         except ImportError as err:
             raise ValueError(f"cannot import module {module_name!r} for reward function {target!r}: {err}") from None
-    fn = getattr(module, attr, None)
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
     if not callable(fn):
         raise ValueError(f"{target!r}: module {module_name!r} has no callable {attr!r}")
     return fn

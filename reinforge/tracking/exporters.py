@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.config import EXPORTERS, missing_exporter, missing_exporter_message
+from reinforge.tracking.history import flatten_dotted
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +83,6 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
                 out[k] = float(v.item())
             except (TypeError, ValueError):
                 pass
-    return out
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
     return out
 
 
@@ -181,7 +171,7 @@ class MlflowExporter(Exporter):
             run_id = run.info.run_id
             # Params are immutable in MLflow: logged once, at creation. 500 chars is the
             # smallest value limit across MLflow versions.
-            params = [Param(k, str(v)[:500]) for k, v in sorted(_flatten(self.config).items())]
+            params = [Param(k, str(v)[:500]) for k, v in sorted(flatten_dotted(self.config).items())]
             for i in range(0, len(params), 100):
                 self.client.log_batch(run_id, params=params[i : i + 100])
         self.run_id = run_id

@@ -12,7 +12,7 @@ from typing import Any
 
 from reinforge.tracking.io import atomic_write_json
 
-__all__ = ["SEGMENTS_FILE", "CHANGE_KINDS", "Change", "Segment", "config_changes", "start_history"]
+__all__ = ["SEGMENTS_FILE", "CHANGE_KINDS", "Change", "Segment", "config_changes", "flatten_dotted", "start_history"]
 
 SEGMENTS_FILE = "segments.json"
 CHANGE_KINDS = ("free", "segment")
@@ -65,13 +65,18 @@ def _text(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict) and (tree or not prefix):
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): tree}
+def flatten_dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``: the inverse of ``config.set_dotted``, the one flattener
+    of configs (run comparison, exporters' parameters, resume diffs). Lists and empty sections stay
+    whole values."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten_dotted(v, key + "."))
+        else:
+            out[key] = v
+    return out
 
 
 _ABSENT = object()
@@ -80,7 +85,7 @@ _ABSENT = object()
 def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(dotted key, before, after) for every leaf that differs, sorted by key; lists are compared
     whole. A key missing on one side shows as None there."""
-    a, b = _flat(before), _flat(after)
+    a, b = flatten_dotted(before), flatten_dotted(after)
     out = []
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, _ABSENT), b.get(key, _ABSENT)
