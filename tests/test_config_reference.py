@@ -50,3 +50,25 @@ def test_every_run_config_key_is_documented():
     assert len(keys) > 150 and "algorithm.clip_eps_high" in keys and "reward.verifiers[].weight" in keys
     missing = [k for k in keys if f"| `{k}` |" not in text]
     assert not missing, f"keys missing from docs/config-reference.md: {missing}"
+
+
+def _undescribed(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        for c in list(candidates):
+            candidates += list(getattr(c, "__args__", ()))
+        nested = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nested is not None:  # a section: its keys carry the descriptions
+            out += _undescribed(nested, f"{prefix}{name}.")
+        elif not (info.description or "").strip():
+            out.append(f"{prefix}{name}")
+    return out
+
+
+def test_every_key_says_what_it_does():
+    from reinforge.reward_models.config import RMSettings
+
+    missing = _undescribed(RunConfig) + _undescribed(RMSettings, "rm.")
+    assert not missing, f"config keys without a description (Field(description=...)): {missing}"
