@@ -150,3 +150,26 @@ def test_every_public_name_resolves_and_is_listed():
     assert set(dir(reinforge)) >= set(reinforge.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         reinforge.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("old,new", [
+    ("reinforge.trainer.checkpoint", "reinforge.lifecycle.checkpoint"),
+    ("reinforge.trainer.resume", "reinforge.lifecycle.resume"),
+    ("reinforge.trainer.stopping", "reinforge.lifecycle.stopping"),
+    ("reinforge.trainer.progress", "reinforge.lifecycle.progress"),
+    ("reinforge.trainer.summary", "reinforge.lifecycle.summary"),
+    ("reinforge.reward_models.scorer", "reinforge.rewards.models.scorer"),
+    ("reinforge.reward_models.steps", "reinforge.rewards.models.steps"),
+    ("reinforge.reward_models.guard", "reinforge.rewards.models.guard"),
+    ("reinforge.reward_models.verifiers", "reinforge.rewards.models.verifiers"),
+    ("reinforge.curriculum.config", "reinforge.config.curriculum"),
+])
+def test_an_old_import_path_is_the_moved_module_for_one_release(old, new):
+    code = (f"import importlib, warnings; warnings.simplefilter('error'); "
+            f"new = importlib.import_module({new!r})\n"
+            f"try:\n    importlib.import_module({old!r})\nexcept DeprecationWarning as w:\n    print(w)\n"
+            f"warnings.simplefilter('ignore'); import sys; sys.modules.pop({old!r}, None)\n"
+            f"assert importlib.import_module({old!r}) is new")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{old} moved to {new}" in out.stdout

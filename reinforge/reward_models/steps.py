@@ -1,0 +1,11 @@
+"""Moved to ``reinforge.rewards.models.steps`` by the re-layout (issue 26). This old path is the same module, kept for
+one release; it goes in the next."""
+
+import sys
+import warnings
+
+from reinforge.rewards.models import steps as _moved
+
+warnings.warn("reinforge.reward_models.steps moved to reinforge.rewards.models.steps; the old path goes in the next release",
+              DeprecationWarning, stacklevel=2)
+sys.modules[__name__] = _moved

@@ -1,0 +1,11 @@
+"""Moved to ``reinforge.lifecycle.stopping`` by the re-layout (issue 26). This old path is the same module, kept for
+one release; it goes in the next."""
+
+import sys
+import warnings
+
+from reinforge.lifecycle import stopping as _moved
+
+warnings.warn("reinforge.trainer.stopping moved to reinforge.lifecycle.stopping; the old path goes in the next release",
+              DeprecationWarning, stacklevel=2)
+sys.modules[__name__] = _moved
