@@ -24,6 +24,8 @@ from reinforge.rollout import HFGenerator, SamplingParams
 from reinforge.tasks.base import Example
 
 from conftest import CHAT_TEMPLATE, eos_biased_model, forward_logprobs, make_tokenizer
+from tiny_run import sevens as sevens_reward  # configs name it 'test_agents:sevens_reward'
+from tiny_run import tiny_run_overrides, write_task
 
 
 @pytest.fixture(autouse=True)
@@ -491,23 +493,15 @@ class SevensEnv(EchoEnv):
         return r
 
 
-def sevens_reward(completion: str, example) -> float:
-    return completion.count("7") / max(len(completion), 1)
-
-
 def _agent_config(tmp_path, model_dir, *extra):
-    data = tmp_path / "task.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n" for i in range(24)))
-    return build_config({}, [
-        f"model.path={model_dir}", "task.source=file", f"task.path={data}", "task.eval_size=4",
-        "reward.verifiers=[{name: python, options: {function: 'test_agents:sevens_reward'}}]",
-        "reward.answer_format=raw", "env.name=test_sevens", "env.max_turns=3", "env.max_tokens_per_turn=8",
-        "env.max_tokens=64", "env.overlap_tools=false",
-        "rollout.num_samples=4", "rollout.max_new_tokens=8", "trainer.prompts_per_step=4", "trainer.steps=4",
-        "trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.seed=3", "learner.lr=3e-3",
-        "trainer.num_threads=1",
-        f"tracking.output_dir={tmp_path / 'runs'}", "tracking.progress=false", *extra,
-    ])
+    data = write_task(tmp_path / "task.jsonl", n=24)
+    return build_config({}, tiny_run_overrides(
+        tmp_path, None, *extra, reward="test_agents:sevens_reward", model=model_dir, task=data, schedule=(
+            "env.name=test_sevens", "env.max_turns=3", "env.max_tokens_per_turn=8", "env.max_tokens=64",
+            "env.overlap_tools=false",
+            "rollout.num_samples=4", "rollout.max_new_tokens=8", "trainer.prompts_per_step=4", "trainer.steps=4",
+            "trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.seed=3", "learner.lr=3e-3",
+            "trainer.num_threads=1")))
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import save_tiny_model
+from tiny_run import save_tiny_run_inputs
 
 from reinforge.cli import main
 from reinforge.evaluation.compare import compare_runs, flatten_config, is_ignored_key
@@ -39,10 +39,7 @@ def hashed_reward(completion: str, example) -> float:
 
 
 def _write_inputs(root: Path) -> Path:
-    save_tiny_model(root / "model", hidden=32, layers=1)
-    with open(root / "task.jsonl", "w") as f:
-        for i in range(40):
-            f.write(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n")
+    save_tiny_run_inputs(root, prompts=40)
     base = {
         "model": {"path": str(root / "model")},
         "task": {"source": "file", "path": str(root / "task.jsonl"), "eval_size": 6},

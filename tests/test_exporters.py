@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import save_tiny_model
+from tiny_run import tiny_run_overrides
 
 from reinforge.config import ConfigError, build_config
 from reinforge.tracking import RunDir
@@ -168,13 +169,11 @@ def test_a_run_logs_to_several_exporters_from_the_trainer(tmp_path):
 
     save_tiny_model(tmp_path / "m", hidden=32, layers=1)
     (tmp_path / "t.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "answer": "7"}) + "\n" for i in range(20)))
-    cfg = build_config({}, [
-        f"model.path={tmp_path / 'm'}", "task.source=file", f"task.path={tmp_path / 't.jsonl'}", "task.eval_size=3",
-        "reward.verifiers=[{name: exact_match}]", "reward.answer_format=raw", "rollout.num_samples=2",
-        "rollout.max_new_tokens=4", "trainer.prompts_per_step=2", "trainer.steps=2", "trainer.eval_every=1",
-        "trainer.checkpoint_every=0", f"tracking.output_dir={tmp_path / 'runs'}", "tracking.progress=false",
-        "tracking.exporters=[tensorboard, wandb]",
-    ])
+    cfg = build_config({}, tiny_run_overrides(
+        tmp_path, None, "tracking.exporters=[tensorboard, wandb]", reward="exact_match", model=tmp_path / "m",
+        task=tmp_path / "t.jsonl", eval_size=3, schedule=(
+            "rollout.num_samples=2", "rollout.max_new_tokens=4", "trainer.prompts_per_step=2", "trainer.steps=2",
+            "trainer.eval_every=1", "trainer.checkpoint_every=0")))
     rd = RunDir.open(Trainer(cfg).run().run_dir)
     ea = EventAccumulator(str(rd.path / "tensorboard"))
     ea.Reload()

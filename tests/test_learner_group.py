@@ -4,13 +4,14 @@ with a message and leaves it resumable."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import signal
 
 import pytest
 import torch
+from tiny_run import sevens as sevens_reward  # noqa: F401 (configs name it 'test_learner_group:sevens_reward')
+from tiny_run import tiny_run_overrides, write_task
 
 from reinforge.config import ConfigError, build_config
 from reinforge.tracking import RunDir
@@ -29,28 +30,19 @@ def _keep_torch_threads():
     torch.set_num_threads(threads)
 
 
-def sevens_reward(completion: str, example) -> float:
-    return completion.count("7") / max(len(completion), 1)
-
-
 def _config(tmp_path, model_dir, *extra):
-    task = tmp_path / "task.jsonl"
-    task.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n" for i in range(40)))
-    return build_config({}, [
-        f"model.path={model_dir}",
-        "task.source=file", f"task.path={task}", "task.eval_size=8",
-        "reward.verifiers=[{name: python, options: {function: 'test_learner_group:sevens_reward'}}]",
-        "reward.answer_format=raw",
-        "rollout.num_samples=4", "rollout.max_new_tokens=8",
-        # small micro-batches: every batch has several for the two ranks to share
-        "learner.micro_batch_tokens=64", "learner.share_prompt_prefix=false",
-        # old log-probs and a reference forward: the sharded no-grad forwards are exercised too
-        "algorithm.epochs=2", "algorithm.kl_coef=0.05",
-        "trainer.prompts_per_step=4", "trainer.steps=3", "trainer.eval_every=0", "trainer.eval_at_start=false",
-        "trainer.checkpoint_every=0", "trainer.seed=3", "trainer.num_threads=1", "learner.lr=3e-3",
-        f"tracking.output_dir={tmp_path / 'runs'}", "tracking.progress=false",
-        *extra,
-    ])
+    task = write_task(tmp_path / "task.jsonl", n=40)
+    return build_config({}, tiny_run_overrides(
+        tmp_path, None, *extra, reward="test_learner_group:sevens_reward", model=model_dir, task=task, eval_size=8,
+        schedule=(
+            "rollout.num_samples=4", "rollout.max_new_tokens=8",
+            # small micro-batches: every batch has several for the two ranks to share
+            "learner.micro_batch_tokens=64", "learner.share_prompt_prefix=false",
+            # old log-probs and a reference forward: the sharded no-grad forwards are exercised too
+            "algorithm.epochs=2", "algorithm.kl_coef=0.05",
+            "trainer.prompts_per_step=4", "trainer.steps=3", "trainer.eval_every=0", "trainer.eval_at_start=false",
+            "trainer.checkpoint_every=0", "trainer.seed=3", "trainer.num_threads=1", "learner.lr=3e-3",
+        )))
 
 
 def _weights(path, final: bool = True) -> dict[str, torch.Tensor]:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_run import sevens as sevens_reward  # noqa: F401 (configs name it 'test_ray:sevens_reward')
+from tiny_run import tiny_run_overrides, write_task
 
 ray = pytest.importorskip("ray")
 
@@ -34,10 +36,6 @@ def ray_cluster():
     ray.shutdown()
 
 
-def sevens_reward(completion: str, example) -> float:
-    return completion.count("7") / max(len(completion), 1)
-
-
 def parity_reward(completion: str, example) -> float:
     """1 when the completion's length is even: groups are mixed, and sometimes uniform, so dynamic
     sampling has something to drop."""
@@ -45,19 +43,14 @@ def parity_reward(completion: str, example) -> float:
 
 
 def _config(tmp_path, model_dir, *extra, reward="test_ray:sevens_reward"):
-    task = tmp_path / "task.jsonl"
-    task.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n" for i in range(40)))
-    return build_config({}, [
-        f"model.path={model_dir}",
-        "task.source=file", f"task.path={task}", "task.eval_size=8",
-        f"reward.verifiers=[{{name: python, options: {{function: '{reward}'}}}}]",
-        "reward.answer_format=raw",
-        "rollout.num_samples=4", "rollout.max_new_tokens=8",
-        "trainer.prompts_per_step=4", "trainer.steps=3", "trainer.eval_every=0", "trainer.eval_at_start=false",
-        "trainer.checkpoint_every=0", "trainer.seed=3", "learner.lr=3e-3",
-        f"tracking.output_dir={tmp_path / 'runs'}", "tracking.progress=false",
-        *extra,
-    ])
+    """A tiny run (tiny_run_overrides) on `model_dir` and 40 prompts: 3 steps of 4 prompts x 4 samples,
+    neither evaluated nor checkpointed; no run name."""
+    task = write_task(tmp_path / "task.jsonl", n=40)
+    return build_config({}, tiny_run_overrides(
+        tmp_path, None, *extra, reward=reward, model=model_dir, task=task, eval_size=8, schedule=(
+            "rollout.num_samples=4", "rollout.max_new_tokens=8", "trainer.prompts_per_step=4", "trainer.steps=3",
+            "trainer.eval_every=0", "trainer.eval_at_start=false", "trainer.checkpoint_every=0", "trainer.seed=3",
+            "learner.lr=3e-3")))
 
 
 @pytest.mark.parametrize("extra", [

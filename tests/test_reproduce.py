@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny_model
+from tiny_run import save_tiny_run_inputs, tiny_run_overrides
 
 from reinforge.cli import main
 from reinforge.config import build_config
@@ -19,18 +19,10 @@ from reinforge.trainer import Trainer
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repro")
-    save_tiny_model(root / "model", hidden=32, layers=1)
-    with open(root / "task.jsonl", "w") as f:
-        for i in range(30):
-            f.write(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n")
-    cfg = build_config({}, [
-        f"model.path={root / 'model'}", "task.source=file", f"task.path={root / 'task.jsonl'}", "task.eval_size=4",
-        "reward.verifiers=[{name: exact_match}]", "reward.answer_format=raw",
+    root = save_tiny_run_inputs(tmp_path_factory.mktemp("repro"))
+    cfg = build_config({}, tiny_run_overrides(root, "orig", reward="exact_match", schedule=(
         "rollout.num_samples=4", "rollout.max_new_tokens=6", "trainer.prompts_per_step=2", "trainer.steps=2",
-        "trainer.eval_every=1", "trainer.checkpoint_every=0", "trainer.seed=5", "learner.lr=0.05",
-        f"tracking.output_dir={root / 'runs'}", "tracking.run_name=orig", "tracking.progress=false",
-    ])
+        "trainer.eval_every=1", "trainer.checkpoint_every=0", "trainer.seed=5", "learner.lr=0.05")))
     return Path(Trainer(cfg).run().run_dir)
 
 

@@ -5,10 +5,10 @@ learning rate reaching the optimizer, and segments in summaries, `runs`, `compar
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +21,8 @@ import torch
 import yaml
 from conftest import save_tiny_model
 from safetensors.torch import load_file
+from tiny_run import (assert_same_metrics, copy_run, run_metrics, save_tiny_run_inputs, sevens, spawn_cli,
+                      tiny_run_overrides, wait_for_a_logged_step, write_task)
 
 from reinforge.cli import main
 from reinforge.config import build_config
@@ -34,7 +36,6 @@ from reinforge.lifecycle.resume import ResumeRefused, plan_resume, resume_config
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
-COMPARED = ("reward_mean", "loss", "grad_norm", "completion_length")
 
 
 def sevens_reward(completion: str, example) -> float:
@@ -47,48 +48,22 @@ def sevens_reward(completion: str, example) -> float:
         metrics = Path(os.environ["TEST_RUN"]) / "metrics.jsonl"
         while Path(gate).exists() and metrics.exists():
             time.sleep(0.05)
-    return completion.count("7") / max(len(completion), 1)
+    return sevens(completion, example)
 
 
-def _task(path: Path, word: str) -> Path:
-    with open(path, "w") as f:
-        for i in range(30):
-            f.write(json.dumps({"prompt": f"{word} {i}", "answer": "7"}) + "\n")
-    return path
-
-
-def _overrides(root: Path, name: str, *extra: str) -> list[str]:
-    return [
-        f"model.path={root / 'model'}", "task.source=file", f"task.path={root / 'task.jsonl'}", "task.eval_size=4",
-        "reward.verifiers=[{name: python, options: {function: 'test_resume:sevens_reward'}}]",
-        "reward.answer_format=raw", "rollout.num_samples=4", "rollout.max_new_tokens=6",
-        "trainer.prompts_per_step=2", "trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=1",
-        "trainer.seed=4", "learner.lr=0.05", f"tracking.output_dir={root / 'runs'}", f"tracking.run_name={name}",
-        "tracking.progress=false", *extra,
-    ]
+# tiny_run's tiny run (2 steps, evaluated at 0 and 2, checkpointed every step), scored by sevens_reward
+_overrides = functools.partial(tiny_run_overrides, reward="test_resume:sevens_reward")
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A 2-step run checkpointed at step 2, and the same config run straight for 4 steps."""
-    root = tmp_path_factory.mktemp("resume")
-    save_tiny_model(root / "model", hidden=32, layers=1)
+    root = save_tiny_run_inputs(tmp_path_factory.mktemp("resume"))
     save_tiny_model(root / "other-model", hidden=32, layers=1, seed=1)
-    _task(root / "task.jsonl", "say")
-    _task(root / "task2.jsonl", "write")
+    write_task(root / "task2.jsonl", "write")
     Trainer(build_config({}, _overrides(root, "base"))).run()
     Trainer(build_config({}, _overrides(root, "straight", "trainer.steps=4"))).run()
     return root
-
-
-def _copy(base: Path, name: str) -> Path:
-    dst = base / "runs" / name
-    shutil.copytree(base / "runs" / "base", dst)
-    return dst
-
-
-def _metrics(run: Path) -> dict[int, dict]:
-    return {m["step"]: m for m in RunDir.open(run).read_metrics()}
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:
@@ -99,7 +74,7 @@ def _snapshot(run: Path) -> dict[str, bytes]:
 
 
 def test_free_changes_apply_without_a_flag_and_are_recorded(base, capsys):
-    run = _copy(base, "free")
+    run = copy_run(base, "base", "free")
     assert main(["train", "--resume", str(run), "trainer.steps=4", "trainer.eval_every=1",
                  "trainer.samples_to_log=1"]) == 0
     err = capsys.readouterr().err
@@ -110,10 +85,7 @@ def test_free_changes_apply_without_a_flag_and_are_recorded(base, capsys):
     assert [e["step"] for e in rd.read_evals()] == [0, 2, 3, 4]
     assert [s["step"] for s in rd.read_samples()].count(3) == 1
     # free means free: the training itself is the uninterrupted run's, exactly
-    straight = _metrics(base / "runs" / "straight")
-    for step, m in _metrics(run).items():
-        for key in COMPARED:
-            assert m[key] == straight[step][key], (step, key)
+    assert_same_metrics(run, base / "runs" / "straight", (1, 2, 3, 4))
     # recorded: config.yaml is the config in force, segments.json says what changed and when
     assert rd.load_config()["trainer"]["steps"] == 4
     first, second = read_segments(rd)
@@ -125,7 +97,7 @@ def test_free_changes_apply_without_a_flag_and_are_recorded(base, capsys):
 
 
 def test_a_change_of_what_a_step_computes_needs_new_segment(base, capsys):
-    run = _copy(base, "refused")
+    run = copy_run(base, "base", "refused")
     before = _snapshot(run)
     assert main(["train", "--resume", str(run), "trainer.steps=4", "learner.lr=0.01",
                  "algorithm.loss_agg=token_mean"]) == 2
@@ -137,7 +109,7 @@ def test_a_change_of_what_a_step_computes_needs_new_segment(base, capsys):
 
 
 def test_a_hand_edit_of_config_yaml_is_a_change_like_any_other(base, capsys):
-    run = _copy(base, "edited")
+    run = copy_run(base, "base", "edited")
     raw = yaml.safe_load((run / "config.yaml").read_text())
     raw["learner"]["lr"] = 0.01
     (run / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -146,7 +118,7 @@ def test_a_hand_edit_of_config_yaml_is_a_change_like_any_other(base, capsys):
 
 
 def test_fixed_keys_are_refused_even_with_new_segment(base, capsys):
-    run = _copy(base, "fixed")
+    run = copy_run(base, "base", "fixed")
     before = _snapshot(run)
     assert main(["train", "--resume", str(run), "--new-segment", f"model.path={base / 'other-model'}",
                  "model.dtype=bfloat16", "tracking.run_name=elsewhere"]) == 2
@@ -186,7 +158,7 @@ def test_recipe_on_resume_applies_its_preset_and_lists_every_key(base):
 @pytest.fixture(scope="module")
 def lr_run(base):
     """base resumed at step 2 with a new learning rate (and 2 more steps), in a new segment."""
-    run = _copy(base, "lr")
+    run = copy_run(base, "base", "lr")
     rd = RunDir.open(run)
     trainer = Trainer(resume_config(rd.load_config(), ["trainer.steps=4", "learner.lr=0.01"]), run_dir=rd,
                       resume=True, new_segment=True)
@@ -198,7 +170,7 @@ def test_a_new_learning_rate_reaches_the_optimizer(base, lr_run):
     run, trainer = lr_run
     assert [g["lr"] for g in trainer.learner.optimizer.param_groups] == [0.01]
     assert trainer.learner.scheduler.base_lrs == [0.01]
-    got, straight = _metrics(run), _metrics(base / "runs" / "straight")
+    got, straight = run_metrics(run), run_metrics(base / "runs" / "straight")
     assert [got[s]["lr"] for s in (1, 2, 3, 4)] == [0.05, 0.05, 0.01, 0.01]
     # step 3's samples and loss come from the step-2 weights, the same in both runs; its update
     # used the new rate, so the weights after it differ (whatever step 4's samples happen to be)
@@ -214,7 +186,7 @@ def test_a_new_learning_rate_reaches_the_optimizer(base, lr_run):
 
 
 def test_a_task_change_is_a_new_evaluation_regime(base, capsys):
-    run = _copy(base, "task")
+    run = copy_run(base, "base", "task")
     assert main(["train", "--resume", str(run), "--new-segment", "trainer.steps=4",
                  f"task.path={base / 'task2.jsonl'}"]) == 0
     rd = RunDir.open(run)
@@ -254,24 +226,13 @@ def test_reproduce_replays_segments_at_their_steps(base, lr_run):
 # ----------------------------------------------------------------------------- one writer, real processes
 
 
-def _cli(args: list[str], **env) -> subprocess.Popen:
-    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
-    return subprocess.Popen([sys.executable, "-m", "reinforge.cli", *args], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": path, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 def _paused_writer(base: Path, name: str, steps: int) -> tuple[subprocess.Popen, Path, Path]:
     """`reinforge train` in its own process, paused inside step 2 (after logging step 1)."""
     run, gate = base / "runs" / name, base / f"{name}.gate"
     gate.touch()
-    proc = _cli(["train", *_overrides(base, name, f"trainer.steps={steps}")], TEST_GATE=str(gate), TEST_RUN=str(run))
-    deadline = time.time() + 240
-    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip()):
-        if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read())
-        assert time.time() < deadline, "the writer logged no step"
-        time.sleep(0.1)
+    proc = spawn_cli(["train", *_overrides(base, name, f"trainer.steps={steps}")], TEST_GATE=str(gate),
+                     TEST_RUN=str(run))
+    wait_for_a_logged_step(proc, run, "the writer logged no step")
     return proc, run, gate
 
 
@@ -285,7 +246,7 @@ def test_a_second_writer_is_refused_and_the_run_stays_exact(base, capsys):
         row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("concurrent"))
         assert f"{proc.pid}@{HOST}" in row
         # a second `reinforge train --resume`, in its own process: one line naming the holder
-        second = _cli(["train", "--resume", str(run), "trainer.steps=6"])
+        second = spawn_cli(["train", "--resume", str(run), "trainer.steps=6"])
         out, _ = second.communicate(timeout=240)
         assert second.returncode == 1, out
         refusals = [line for line in out.splitlines() if line.startswith("reinforge:")]
@@ -304,11 +265,8 @@ def test_a_second_writer_is_refused_and_the_run_stays_exact(base, capsys):
     assert proc.returncode == 0, out
     rd = RunDir.open(run)
     assert rd.status()["state"] == "finished" and rd.writer() is None
-    got, straight = _metrics(run), _metrics(base / "runs" / "straight")
     assert [m["step"] for m in rd.read_metrics()] == [1, 2, 3, 4]  # no step twice
-    for step in (1, 2, 3, 4):
-        for key in COMPARED:
-            assert got[step][key] == straight[step][key], (step, key)
+    assert_same_metrics(run, base / "runs" / "straight", (1, 2, 3, 4))
     assert len(read_segments(rd)) == 1 and rd.load_config()["trainer"]["steps"] == 4
 
 

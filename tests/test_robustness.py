@@ -7,6 +7,7 @@ says it, and (where the run goes on) a resume exactly equal to the run that was 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -17,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny_model
+from tiny_run import (assert_same_metrics, cli_env, copy_run, save_tiny_run_inputs, sevens, spawn_cli,
+                      tiny_run_overrides, wait_for_a_logged_step)
 
 from reinforge.cli import main
 from reinforge.config import build_config
@@ -26,7 +28,6 @@ from reinforge.tracking.checkpoints import file_digest, list_checkpoints, verify
 from reinforge.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPARED = ("reward_mean", "loss", "grad_norm", "completion_length")
 
 # A `reinforge train` process loads this module as its reward function while it sets up (after the
 # config, before the model): with $TEST_STARTUP_GATE set, it holds there, signal handlers live.
@@ -56,51 +57,28 @@ def gated_sevens(completion: str, example) -> float:
             st = os.statvfs(Path(fill).parent)
             with open(fill, "wb") as f:
                 f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - int(os.environ["TEST_LEAVE"])))
-    return completion.count("7") / max(len(completion), 1)
+    return sevens(completion, example)
 
 
-def _overrides(root: Path, name: str, *extra: str, runs: Path | None = None) -> list[str]:
-    return [
-        f"model.path={root / 'model'}", "task.source=file", f"task.path={root / 'task.jsonl'}", "task.eval_size=4",
-        "reward.verifiers=[{name: python, options: {function: 'test_robustness:gated_sevens'}}]",
-        "reward.answer_format=raw", "rollout.num_samples=4", "rollout.max_new_tokens=6",
-        "trainer.prompts_per_step=2", "trainer.steps=3", "trainer.eval_every=0", "trainer.eval_at_start=false",
-        "trainer.checkpoint_every=1", "trainer.seed=5", "learner.lr=0.05",
-        f"tracking.output_dir={runs or root / 'runs'}", f"tracking.run_name={name}", "tracking.progress=false",
-        *extra,
-    ]
+# a tiny run (tiny_run_overrides) of 3 steps, never evaluated, checkpointed every step, scored by gated_sevens
+_overrides = functools.partial(tiny_run_overrides, reward="test_robustness:gated_sevens", schedule=(
+    "rollout.num_samples=4", "rollout.max_new_tokens=6", "trainer.prompts_per_step=2", "trainer.steps=3",
+    "trainer.eval_every=0", "trainer.eval_at_start=false", "trainer.checkpoint_every=1", "trainer.seed=5",
+    "learner.lr=0.05"))
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     """A 3-step run checkpointed every step (keeping the default two: steps 2 and 3), and the same
     config run straight for 5 steps."""
-    root = tmp_path_factory.mktemp("robust")
-    save_tiny_model(root / "model", hidden=32, layers=1)
-    with open(root / "task.jsonl", "w") as f:
-        for i in range(30):
-            f.write(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n")
+    root = save_tiny_run_inputs(tmp_path_factory.mktemp("robust"))
     Trainer(build_config({}, _overrides(root, "base"))).run()
     Trainer(build_config({}, _overrides(root, "straight", "trainer.steps=5"))).run()
     return root
 
 
-def _copy(root: Path, name: str) -> Path:
-    dst = root / "runs" / name
-    shutil.copytree(root / "runs" / "base", dst)
-    return dst
-
-
-def _metrics(run: Path) -> dict[int, dict]:
-    return {m["step"]: m for m in RunDir.open(run).read_metrics()}
-
-
 def _assert_same_as_straight(root: Path, run: Path, steps=(1, 2, 3, 4, 5)) -> None:
-    got, straight = _metrics(run), _metrics(root / "runs" / "straight")
-    assert sorted(got) == list(steps)
-    for step in steps:
-        for key in COMPARED:
-            assert got[step][key] == straight[step][key], (step, key)
+    assert_same_metrics(run, root / "runs" / "straight", steps)
 
 
 def _one_line(err: str) -> str:
@@ -147,7 +125,7 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_last_checkpoint_with_no_fallback_is_refused_naming_the_file(root, damage, capsys):
-    run = _copy(root, f"refused-{damage.replace(' ', '-')}")
+    run = copy_run(root, "base", f"refused-{damage.replace(' ', '-')}")
     shutil.rmtree(run / "checkpoints" / "step_000002")  # as with trainer.keep_checkpoints=1
     harm, named = DAMAGE[damage]
     harm(run / "checkpoints" / "step_000003")
@@ -163,7 +141,7 @@ def test_a_damaged_last_checkpoint_with_no_fallback_is_refused_naming_the_file(r
 
 
 def test_a_damaged_last_checkpoint_falls_back_to_the_one_before_exactly(root, capsys):
-    run = _copy(root, "fallback")
+    run = copy_run(root, "base", "fallback")
     _overwrite_4k(run / "checkpoints" / "step_000003" / "weights.safetensors")  # same size: silent before
     (run / "checkpoints" / ".tmp-step_000009").mkdir()  # what a SIGKILL mid-write leaves (another step)
     assert main(["train", "--resume", str(run), "trainer.steps=5"]) == 0
@@ -182,7 +160,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_one_before_exactly(root, ca
 def test_other_damage_falls_back_too(root, damage, capsys):
     from reinforge.lifecycle.resume import choose_checkpoint
 
-    run = _copy(root, f"fallback-{damage.replace(' ', '-')}")
+    run = copy_run(root, "base", f"fallback-{damage.replace(' ', '-')}")
     harm, named = DAMAGE[damage]
     harm(run / "checkpoints" / "step_000003")
     import io
@@ -194,7 +172,7 @@ def test_other_damage_falls_back_too(root, damage, capsys):
 
 
 def test_a_checkpoint_from_before_checksums_still_resumes_with_a_note(root, capsys):
-    run = _copy(root, "legacy")
+    run = copy_run(root, "base", "legacy")
     for _, ckpt in list_checkpoints(run):
         state = json.loads((ckpt / "state.json").read_text())
         del state["files"]
@@ -205,7 +183,7 @@ def test_a_checkpoint_from_before_checksums_still_resumes_with_a_note(root, caps
 
 
 def test_an_unverifiable_unreadable_file_is_named_and_the_run_marked_failed(root, capsys):
-    run = _copy(root, "legacy-truncated")
+    run = copy_run(root, "base", "legacy-truncated")
     ckpt = run / "checkpoints" / "step_000003"
     state = json.loads((ckpt / "state.json").read_text())
     del state["files"]
@@ -219,7 +197,7 @@ def test_an_unverifiable_unreadable_file_is_named_and_the_run_marked_failed(root
 
 
 def test_a_garbage_line_in_metrics_is_named_with_the_fix(root, capsys):
-    run = _copy(root, "garbage")
+    run = copy_run(root, "base", "garbage")
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
     lines.insert(1, "}{ not json\n")
     (run / "metrics.jsonl").write_text("".join(lines))
@@ -238,25 +216,13 @@ def test_a_garbage_line_in_metrics_is_named_with_the_fix(root, capsys):
 # ----------------------------------------------------------------------------- signals, real processes
 
 
-def _cli(args: list[str], **env) -> subprocess.Popen:
-    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
-    return subprocess.Popen([sys.executable, "-m", "reinforge.cli", *args], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": path, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 def _held_in_step_2(root: Path, name: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
     """`reinforge train` in its own process, held in step 2's scoring (step 1 logged)."""
     run, gate = root / "runs" / name, root / f"{name}.gate"
     gate.touch()
-    proc = _cli(["train", *_overrides(root, name, "trainer.steps=5", *extra)], TEST_GATE=str(gate),
-                TEST_RUN=str(run))
-    deadline = time.time() + 240
-    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip()):
-        if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read())
-        assert time.time() < deadline, "the run logged no step"
-        time.sleep(0.1)
+    proc = spawn_cli(["train", *_overrides(root, name, "trainer.steps=5", *extra)], TEST_GATE=str(gate),
+                     TEST_RUN=str(run))
+    wait_for_a_logged_step(proc, run, "the run logged no step")
     time.sleep(0.3)  # into step 2's scoring
     return proc, run, gate
 
@@ -340,9 +306,9 @@ def test_a_stop_during_start_up_is_one_line_and_leaves_a_consistent_status(root,
         run = root / "runs" / "startup-new"
         args, sig = ["train", *_overrides(root, "startup-new")], signal.SIGINT
     else:
-        run = _copy(root, "startup-resume")
+        run = copy_run(root, "base", "startup-resume")
         args, sig = ["train", "--resume", str(run), "trainer.steps=5"], signal.SIGTERM
-    proc = _cli(args, TEST_STARTUP_GATE=str(gate))
+    proc = spawn_cli(args, TEST_STARTUP_GATE=str(gate))
     try:
         deadline = time.time() + 240
         while not Path(str(gate) + ".reached").exists():
@@ -371,7 +337,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint
         root, monkeypatch, capsys):
     import builtins
 
-    from reinforge.trainer import checkpoint as checkpoint_module
+    from reinforge.lifecycle import checkpoint as checkpoint_module
 
     def open_on_a_full_disk(path, mode="r", *args, **kwargs):
         # step 2's optimizer state goes to /dev/full: the kernel's own ENOSPC, through torch.save
@@ -447,9 +413,7 @@ def test_a_real_full_tmpfs_during_a_checkpoint(root, tmp_path):
         f"{py} train --resume {mnt}/runs/tmpfs > {tmp_path}/second.txt 2>&1; echo $? > {tmp_path}/second.rc; "
         f"rm -rf {mnt}/runs/tmpfs/checkpoints {mnt}/runs/tmpfs/final_model; cp -r {mnt}/runs/tmpfs {saved}"
     )
-    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
-    subprocess.run(["unshare", "-rm", "sh", "-c", script], env={**os.environ, "PYTHONPATH": path}, cwd=ROOT,
-                   timeout=480, check=True)
+    subprocess.run(["unshare", "-rm", "sh", "-c", script], env=cli_env(), cwd=ROOT, timeout=480, check=True)
     first = (tmp_path / "first.txt").read_text()
     assert (tmp_path / "first.rc").read_text().strip() == "1", first
     line = _one_line(first)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import forward_logprobs, make_model, make_tokenizer, save_tiny_model
 from safetensors.torch import load_file
+from tiny_run import run_metrics
 
 from reinforge.batch import TrainBatch
 from reinforge.cli import main
@@ -223,10 +224,6 @@ def root(tmp_path_factory):
     return root
 
 
-def _metrics(run: Path) -> dict[int, dict]:
-    return {m["step"]: m for m in RunDir.open(run).read_metrics()}
-
-
 def test_sft_resume_equals_an_uninterrupted_run(root, capsys):
     straight = SFTRunner(build_config({}, _base(root, "straight", SFT))).run()
     assert straight.finished and straight.steps_done == 4
@@ -235,7 +232,7 @@ def test_sft_resume_equals_an_uninterrupted_run(root, capsys):
     cut = runner.run()
     assert not cut.finished and RunDir.open(cut.run_dir).status()["state"] == "interrupted"
     assert main(["sft", "--resume", str(cut.run_dir)]) == 0
-    a, b = _metrics(straight.run_dir), _metrics(cut.run_dir)
+    a, b = run_metrics(straight.run_dir), run_metrics(cut.run_dir)
     assert sorted(b) == [1, 2, 3, 4]
     for step in a:
         for key in ("loss", "grad_norm", "lr", "response_tokens", "entropy"):
@@ -310,11 +307,12 @@ def test_sft_stage_then_rl_in_one_run_resumes_without_repeating_sft(root):
     # the finished stage was not run again: not even its status or final model were rewritten
     assert all(p.read_bytes() == b for p, b in untouched.items())
     assert (cut / "sft" / "final_model").stat().st_mtime_ns == mtime
-    for step, m in _metrics(run).items():
-        assert m["loss"] == _metrics(cut)[step]["loss"] and m["reward_mean"] == _metrics(cut)[step]["reward_mean"]
-    sa, sb = _metrics(run / "sft"), _metrics(cut / "sft")
+    for step, m in run_metrics(run).items():
+        assert m["loss"] == run_metrics(cut)[step]["loss"]
+        assert m["reward_mean"] == run_metrics(cut)[step]["reward_mean"]
+    sa, sb = run_metrics(run / "sft"), run_metrics(cut / "sft")
     assert sorted(sb) == [1, 2, 3] and all(sa[s]["loss"] == sb[s]["loss"] for s in sa)
-    assert sorted(_metrics(cut)) == [1, 2, 3]
+    assert sorted(run_metrics(cut)) == [1, 2, 3]
     summary = (cut / "summary.md").read_text()
     assert "Warm start: an SFT stage ran before RL" in summary and "SFT stage: held-out accuracy" in summary
     assert main(["reproduce", str(cut / "sft")]) == 2  # an SFT run is not replayed as RL
@@ -389,7 +387,7 @@ def test_expert_iteration_keeps_only_what_the_verifier_accepts(tmp_path):
     assert r1["samples_kept"] == len(expected) and r1["samples_generated"] == 24
     assert r1["prompts_with_accepted"] == len({e for e, _ in expected})
     # per round: counts in the metrics, a held-out evaluation at its end, a line in the summary
-    m = _metrics(res.run_dir)
+    m = run_metrics(res.run_dir)
     assert m[1]["ei_samples_kept"] == len(expected) and m[3]["round"] == 2.0 and "ei_samples_kept" in m[3]
     assert [e["step"] for e in RunDir.open(res.run_dir).read_evals()] == [0, 2, 4]
     summary = (res.run_dir / "summary.md").read_text()

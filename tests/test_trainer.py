@@ -4,15 +4,14 @@ bad input, failing rewards and NaN losses."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_run import sevens as sevens_reward  # configs name it 'test_trainer:sevens_reward'
+from tiny_run import spawn_cli, tiny_run_overrides, write_task
 
 from reinforge.config import build_config
 from reinforge.trainer import Trainer
@@ -22,11 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # Rewards loaded through the `python` verifier (`module:function`); this file is on sys.path.
-def sevens_reward(completion: str, example) -> float:
-    """Share of the completion's characters that are '7': dense, so a tiny model can climb it."""
-    return completion.count("7") / max(len(completion), 1)
-
-
 def slow_sevens_reward(completion: str, example) -> float:
     """sevens_reward at a known minimum pace (16 samples a step: >= 0.5 s), so that a signal sent
     after step 2 lands well before the run's last step however fast the machine is."""
@@ -40,28 +34,14 @@ def raising_reward(completion: str, example) -> float:
     return 0.5
 
 
-def _write_task(tmp_path: Path, n: int = 40) -> Path:
-    path = tmp_path / "task.jsonl"
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"prompt": f"say {i}", "answer": "7"}) + "\n")
-    return path
-
-
 def _config(tmp_path, model_dir, *extra, reward="test_trainer:sevens_reward"):
-    task = _write_task(tmp_path)
-    return build_config({}, [
-        f"model.path={model_dir}",
-        "task.source=file", f"task.path={task}", "task.eval_size=8",
-        f"reward.verifiers=[{{name: python, options: {{function: '{reward}'}}}}]",
-        "reward.answer_format=raw",
-        "rollout.num_samples=4", "rollout.max_new_tokens=8",
-        "trainer.prompts_per_step=4", "trainer.steps=4", "trainer.eval_every=2",
-        "trainer.checkpoint_every=2", "trainer.seed=3",
-        "learner.lr=3e-3",
-        f"tracking.output_dir={tmp_path / 'runs'}", "tracking.progress=false",
-        *extra,
-    ])
+    """A tiny run (tiny_run_overrides) on `model_dir` and 40 prompts: 4 steps of 4 prompts x 4 samples,
+    evaluated and checkpointed every 2 steps; no run name."""
+    task = write_task(tmp_path / "task.jsonl", n=40)
+    return build_config({}, tiny_run_overrides(
+        tmp_path, None, *extra, reward=reward, model=model_dir, task=task, eval_size=8, schedule=(
+            "rollout.num_samples=4", "rollout.max_new_tokens=8", "trainer.prompts_per_step=4", "trainer.steps=4",
+            "trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.seed=3", "learner.lr=3e-3")))
 
 
 @pytest.mark.slow
@@ -110,12 +90,6 @@ def test_resume_continues_exactly(tmp_path, tiny_model_dir):
     assert [e["step"] for e in rd.read_evals()] == [0, 2, 4]
 
 
-def _run_cli(args, **kw):
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "reinforge.cli", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
-
-
 def _overrides(cfg) -> list[str]:
     out = []
     for section, values in cfg.to_dict().items():
@@ -142,7 +116,7 @@ def test_interrupted_run_resumes(tmp_path, tiny_model_dir, how):
     cfg = _config(tmp_path, tiny_model_dir, "trainer.steps=6", "trainer.checkpoint_every=1",
                   "trainer.eval_every=0", "tracking.run_name=victim", reward="test_trainer:slow_sevens_reward")
     run_path = tmp_path / "runs" / "victim"
-    proc = _run_cli(["train", *_overrides(cfg)])
+    proc = spawn_cli(["train", *_overrides(cfg)])
     _wait_for_metrics(run_path, 2, proc)
     proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
@@ -153,7 +127,7 @@ def test_interrupted_run_resumes(tmp_path, tiny_model_dir, how):
         assert "--resume" in out
     else:
         assert proc.returncode == -signal.SIGKILL
-    proc = _run_cli(["train", "--resume", str(run_path)])
+    proc = spawn_cli(["train", "--resume", str(run_path)])
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
     assert [m["step"] for m in rd.read_metrics()] == [1, 2, 3, 4, 5, 6]
@@ -204,7 +178,7 @@ def test_repeated_nan_stops_with_checkpoint_intact(tmp_path, tiny_model_dir, mon
 
 
 def test_bad_model_path_fails_before_loading(tmp_path):
-    proc = _run_cli(["train", "model.path=/nonexistent/model", f"tracking.output_dir={tmp_path}"])
+    proc = spawn_cli(["train", "model.path=/nonexistent/model", f"tracking.output_dir={tmp_path}"])
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert "model.path='/nonexistent/model' does not exist" in out
@@ -212,14 +186,14 @@ def test_bad_model_path_fails_before_loading(tmp_path):
 
 
 def test_bad_config_key_names_accepted_keys(tmp_path):
-    proc = _run_cli(["train", "trainer.stepz=3"])
+    proc = spawn_cli(["train", "trainer.stepz=3"])
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert "trainer.stepz" in out and "accepted keys here: steps" in out
 
 
 def test_unknown_task_is_named(tmp_path):
-    proc = _run_cli(["train", "task.name=leg_countin", f"tracking.output_dir={tmp_path}"])
+    proc = spawn_cli(["train", "task.name=leg_countin", f"tracking.output_dir={tmp_path}"])
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert "leg_countin" in out and "leg_counting" in out and "Traceback" not in out
