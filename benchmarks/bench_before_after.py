@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _machine import cpu_model
+from _machine import cpu_line, cpu_model, hardware_info
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPARED = ("reward_mean", "reward_std", "accuracy", "loss", "pg_loss", "grad_norm", "generated_tokens",
@@ -45,6 +45,15 @@ def _worktree(rev: str, base: Path) -> Path:
     return path
 
 
+def _evals(run: Path) -> list[dict]:
+    """Each held-out evaluation's step and summary numbers (empty when the run made none)."""
+    path = run / "evals.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if k not in ("time", "wall_time", "eval_time_s")} for r in rows]
+
+
 def _run(tree: Path, config: str, overrides: list[str], out: Path, name: str) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, "-m", "reinforge.cli", "train", str(ROOT / config), *overrides,
@@ -55,7 +64,11 @@ def _run(tree: Path, config: str, overrides: list[str], out: Path, name: str) ->
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     metrics = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
     print(f"  {name}: {len(metrics)} steps in {time.perf_counter() - t0:.0f} s", flush=True)
+    EVALS[name] = _evals(out / name)
     return metrics
+
+
+EVALS: dict[str, list[dict]] = {}
 
 
 def main() -> None:
@@ -94,6 +107,9 @@ def main() -> None:
         [{k: m.get(k) for k in COMPARED} for m in a] == [{k: m.get(k) for k in COMPARED} for m in b]
         for a, b in zip(runs["before"], runs["after"])
     )
+    # held-out evaluations (when the overrides turn them on): every number but the timings
+    same_evals = all(EVALS[f"before-{r}"] == EVALS[f"after-{r}"] for r in range(args.repeats))
+    evals_made = sum(len(EVALS[f"after-{r}"]) for r in range(args.repeats))
     # One ratio per (before, after) pair of neighbouring runs: machine drift hits both alike.
     pair_ratios = [
         statistics.median(m["time_step"] for m in measured(a)) / statistics.median(m["time_step"] for m in measured(b))
@@ -105,14 +121,16 @@ def main() -> None:
               "config": args.config, "overrides": overrides, "repeats": args.repeats, "warmup": args.warmup,
               "summary": summary, "pair_ratios_after_over_before": pair_ratios,
               "step_time_ratio_after_over_before": ratio, "identical_metrics": same,
-              "cpu": cpu_model(), "cores": os.cpu_count()}
+              "identical_evals": same_evals, "evals_compared": evals_made,
+              "cpu": cpu_model(), "machine": cpu_line(hardware_info()), "cores": os.cpu_count()}
     print(f"\n| commit | mean step (s) | median step (s) | tokens/s |\n|---|---|---|---|")
     for side in ("before", "after"):
         s = summary[side]
         print(f"| {side} `{shas[side]}` | {s['step_s_mean']:.2f} | {s['step_s_median']:.2f} | {s['tokens_per_s']:.1f} |")
     print(f"\nstep time after / before (median step of each pair of runs): median {ratio:.3f}, range "
           f"{min(pair_ratios):.3f}-{max(pair_ratios):.3f} over {len(pair_ratios)} pairs; "
-          f"same logged numbers step by step: {same}")
+          f"same logged numbers step by step: {same}; same held-out evaluations ({evals_made} compared): "
+          f"{same_evals}; {result['machine']}")
     out = ROOT / "benchmarks" / "results" / "before_after.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     history = json.loads(out.read_text()) if out.exists() else []
