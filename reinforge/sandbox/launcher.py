@@ -9,8 +9,10 @@ It is started as ``python -I -S -B -c <this file's text> STATUS_FD REPORT_FD`` w
 environment, so it imports the standard library only and none of the trainer's modules or
 secrets, and no host path of the project shows in the sandbox's /proc/1/cmdline. The parent
 (sandbox/sandbox.py) writes a header to its stdin (a decimal length, a newline, then that many
-bytes of `marshal` data: both sides run the same interpreter); in interactive mode everything
-after the header is the program's stdin. The launcher answers with a marshalled status dict on
+bytes of `marshal` data: both sides run the same interpreter). After the header come the cases'
+inputs (case["input_len"] bytes each), which the runner reads one case at a time, just before
+that case, so no case's fork holds another's; in interactive mode everything after the header is
+the program's stdin. The launcher answers with a marshalled status dict on
 STATUS_FD; the runner (below) sends one framed report per case on REPORT_FD.
 
 isolation "full" (the default), in this order:
@@ -25,8 +27,9 @@ isolation "full" (the default), in this order:
      the interpreter needs, a few device nodes, a new /proc of its own pid namespace, a size- and
      inode-limited tmpfs /tmp as the working directory; pivot_root and detach the host root; drop
      to the unprivileged id (which drops every capability); parent-death signal; not dumpable.
-     Then it stays pid 1 as the RUNNER: for each case it forks the program (rlimits,
-     no_new_privs, a seccomp filter, exec; or, for the code verifier's harness, the fork runs
+     Then it stays pid 1 as the RUNNER: for each case it reads the case's input, forks the
+     program (every rlimit set afresh, no_new_privs, a seccomp filter that also keeps it from
+     changing any process but itself, the runner included, exec; or, for the code verifier's harness, the fork runs
      it with this interpreter, sparing a start-up per case), feeds its stdin, reads its output up to the caps,
      enforces the case's wall-clock limit, then kills everything else in the namespace and
      resets /tmp before the next case. As pid 1 it cannot be signalled from inside the
@@ -47,6 +50,7 @@ import _signal as signal
 import ctypes
 import errno
 import marshal
+import mmap
 import os
 import resource
 import select
@@ -170,7 +174,16 @@ DENIED_SYSCALLS = (
     # Watching or locking the host files bound read-only: inotify sees the host's activity on
     # them, and a lock taken here would block the host's own lock on the same file.
     "inotify_init", "inotify_init1", "inotify_add_watch", "flock",
+    # Kernel AIO contexts come from one host-wide pool (fs.aio-max-nr): one case could take it all.
+    "io_setup",
 )
+# Calls that act on another process named by its pid. The runner (pid 1) and every case share
+# one uid, so the kernel would let a case lower the runner's rlimits (which the next case
+# inherits), renice it or move it to SCHED_IDLE (starving the clock that times the case). They
+# are allowed only on the caller itself (pid 0).
+SELF_ONLY_SYSCALLS = ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+                      "sched_setattr")
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 
 
 def load_seccomp(libname="libseccomp.so.2"):
@@ -214,6 +227,12 @@ def load_seccomp(libname="libseccomp.so.2"):
                      CLONE_NEWUTS, CLONE_NEWCGROUP, CLONE_NEWTIME):
             rule(eperm, "clone", (0, SCMP_CMP_MASKED_EQ, flag, flag))
         rule(SCMP_ACT_ERRNO(errno.ENOSYS), "clone3")
+        for name in SELF_ONLY_SYSCALLS:
+            rule(eperm, name, (0, SCMP_CMP_NE, 0, 0))
+        # setpriority/ioprio_set name a process, a process group or a whole uid (the runner's).
+        for name, which in (("setpriority", PRIO_PROCESS), ("ioprio_set", IOPRIO_WHO_PROCESS)):
+            rule(eperm, name, (0, SCMP_CMP_NE, which, 0))
+            rule(eperm, name, (1, SCMP_CMP_NE, 0, 0))
         # Keep the parent-death signal: it is what kills the sandbox if the launcher dies.
         rule(eperm, "prctl", (0, SCMP_CMP_EQ, PR_SET_PDEATHSIG, 0))
         # Typing into a terminal's input queue.
@@ -475,9 +494,20 @@ def _clear_dir(path):
         fd = parent
 
 
-def _set_limits(limits):
+# Every rlimit a process has: each case sets all of them (below), none inherited from the runner.
+ALL_RLIMITS = tuple(getattr(resource, n) for n in (
+    "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_RSS",
+    "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_MEMLOCK", "RLIMIT_AS", "RLIMIT_LOCKS",
+    "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_RTPRIO", "RLIMIT_RTTIME")
+    if hasattr(resource, n))
+
+
+def _set_limits(limits, base):
+    """Set every rlimit of the case's process afresh: the sandbox's limits, no raising of its
+    priority (NICE, RTPRIO 0), and the rest as the launcher had them before any case ran."""
     cpu = limits["cpu_s"]
     inf = resource.RLIM_INFINITY
+    chosen = {res: lim for res, lim in base}
     for res, soft, hard in (
         (resource.RLIMIT_CPU, inf if cpu is None else cpu, inf if cpu is None else cpu + 1),
         (resource.RLIMIT_AS, limits["as_bytes"], limits["as_bytes"]),
@@ -487,8 +517,20 @@ def _set_limits(limits):
         (resource.RLIMIT_CORE, 0, 0),
         (resource.RLIMIT_MEMLOCK, 0, 0),
         (resource.RLIMIT_MSGQUEUE, 0, 0),
+        (resource.RLIMIT_NICE, 0, 0),
+        (resource.RLIMIT_RTPRIO, 0, 0),
     ):
+        chosen[res] = (soft, hard)
+    for res, (soft, hard) in chosen.items():
         resource.setrlimit(res, (int(soft), int(hard)))
+
+
+def _own_state():
+    """What a process of the same uid could change about the runner: its rlimits (inherited by
+    every later case), its priority, its scheduling policy and its CPUs. seccomp forbids those
+    calls on other processes; the runner also checks after every case that nothing changed."""
+    return ([resource.getrlimit(r) for r in ALL_RLIMITS], os.getpriority(os.PRIO_PROCESS, 0),
+            os.sched_getscheduler(0), sorted(os.sched_getaffinity(0)))
 
 
 def _drop_ids(root_mapped):
@@ -608,16 +650,19 @@ def _child(spec, fds):
         if select.select([fds["alive"]], [], [], 0)[0]:  # the launcher died before that line
             os._exit(125)
         prctl(PR_SET_DUMPABLE, 0)  # no program may read or write the runner's memory
+        inputs = None
         if spec["interactive"]:
             # The program talks to the caller directly over the launcher's stdin and stdout.
             stdio = {0: 0, 1: 1, 2: 2}
         else:
+            # The cases' inputs follow the header on stdin; read one case's just before it runs.
+            inputs = os.dup(0)
             null = os.open("/dev/null", os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
             os.close(null)
             stdio = None
-        keep = {fds["report"], fds["events"], err_w} - {None}
+        keep = {fds["report"], fds["events"], err_w, inputs} - {None}
         if not spec["interactive"]:
             keep |= {0, 1, 2}
         for fd in range(0, 1 << 10):  # hold none of the caller's pipes beyond what is needed
@@ -635,17 +680,19 @@ def _child(spec, fds):
             finally:
                 os._exit(127)
         os._exit(127)
-    _runner(spec, fds["report"], fds["events"], cwd, stdio)
+    _runner(spec, fds["report"], fds["events"], inputs, cwd, stdio)
 
 
 # -- the runner: one program per case ----------------------------------------------------------
 
 
-def _runner(spec, report_fd, events_fd, cwd, stdio):
+def _runner(spec, report_fd, events_fd, inputs_fd, cwd, stdio):
     ns = spec["mechanisms"]["namespaces"]
     if ns:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Python's handler would let kill(1, SIGINT) in
-    for i, case in enumerate(spec["cases"]):
+    state = _own_state()
+    cases = spec["cases"]
+    for i, case in enumerate(cases):
         if i:
             try:
                 _clear_dir(cwd)
@@ -655,16 +702,35 @@ def _runner(spec, report_fd, events_fd, cwd, stdio):
                                   "reason": f"resetting the working directory: {e}"})
                 break
         before = oom_kills(events_fd)
-        report = _run_case(spec, case, ns, cwd, stdio)
+        report, sinks = _run_case(spec, case, ns, cwd, stdio, inputs_fd)
         report["i"] = i
         report["oom"] = oom_kills(events_fd) > before
-        _send(report_fd, report)
+        if _own_state() != state:  # unreachable while seccomp holds; never trust a changed runner
+            report = {"i": i, "status": "tampered"}
+        _send(report_fd, report, sinks)
+        for sink in sinks.values():
+            sink.close()
+        if report["status"] == "tampered":
+            for j in range(i + 1, len(cases)):
+                _send(report_fd, {"i": j, "status": "not_run",
+                                  "reason": "not run: an earlier case changed the sandbox's runner"})
+            break
     os._exit(0)
 
 
-def _send(fd, report):
+def _send(fd, report, sinks=None):
+    """One case's report: a decimal length, a newline, marshal data (the report, with the length
+    of each stream), then each stream's bytes, written straight from its sink."""
+    streams = [(name, sink) for name, sink in (sinks or {}).items()]
+    report["lens"] = {name: sink.length() for name, sink in streams}
     data = marshal.dumps(report)
-    data = str(len(data)).encode() + b"\n" + data
+    _write_all(fd, str(len(data)).encode() + b"\n" + data)
+    for _, sink in streams:
+        with memoryview(sink.mm) as view:
+            _write_all(fd, view[sink.start():sink.end()])
+
+
+def _write_all(fd, data):
     view = memoryview(data)
     while view:
         try:
@@ -673,9 +739,69 @@ def _send(fd, report):
             select.select([], [fd], [])
             continue
         view = view[n:]
+    view.release()
 
 
-def _exec_program(spec, case, cwd, fds, err_w):
+class _Sink:
+    """One output stream of a case, read into a private anonymous mapping of its cap (+1 byte to
+    see the overflow) instead of the Python heap: unmapped after the case's report, so what a
+    case printed is not left in freed memory for a later case's fork to find. keep: only the
+    last this many bytes are reported (a case's stderr)."""
+
+    def __init__(self, cap, keep=None):
+        self.cap, self.keep, self.n = cap, keep, 0
+        self.mm = mmap.mmap(-1, cap + 1, flags=mmap.MAP_PRIVATE)
+
+    def read(self, fd):
+        """Read what is there; False at end of file. Stops reading once past the cap."""
+        if self.n > self.cap:
+            return True
+        with memoryview(self.mm) as view:
+            part = view[self.n:]
+            got = os.readv(fd, [part])
+            part.release()
+        self.n += got
+        return got > 0
+
+    @property
+    def over(self):
+        return self.n > self.cap
+
+    def end(self):
+        return min(self.n, self.cap)
+
+    def start(self):
+        return 0 if self.keep is None else max(0, self.end() - self.keep)
+
+    def length(self):
+        return self.end() - self.start()
+
+    def close(self):
+        self.mm.close()
+
+
+def _read_input(fd, n):
+    """One case's input from the caller, read into a private mapping that is unmapped after the
+    case (no copy of it stays in the runner's heap for a later case's fork to find)."""
+    if not n:
+        return None
+    mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)
+    got = 0
+    with memoryview(mm) as view:
+        while got < n:
+            part = view[got:]
+            k = os.readv(fd, [part])
+            part.release()
+            if not k:
+                break
+            got += k
+    if got < n:
+        mm.close()
+        raise OSError(f"the case's input ended after {got} of {n} bytes")
+    return mm
+
+
+def _exec_program(spec, case, cwd, fds, err_w, inp):
     """In the case's child: limits, filter, descriptors, exec. Never returns."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; the program should not
@@ -688,7 +814,7 @@ def _exec_program(spec, case, cwd, fds, err_w):
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != runner:
                 os._exit(125)
-        _set_limits(spec["limits"])
+        _set_limits(spec["limits"], spec["base_rlimits"])
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         if spec["mechanisms"]["seccomp"]:
             load_seccomp(spec["libseccomp"])
@@ -705,7 +831,7 @@ def _exec_program(spec, case, cwd, fds, err_w):
         env = dict(spec["env"], HOME=cwd, TMPDIR=cwd, PWD=cwd)
         if case.get("harness") is not None:
             os.close(err_w)  # set up: no exec will close it, and the runner waits for its EOF
-            _run_harness(spec, case["harness"], env)
+            _run_harness(spec, case["harness"], env, inp)
         argv = case["argv"]
         os.execve(argv[0], argv, env)
     except BaseException as e:  # noqa: BLE001 - report and end
@@ -715,7 +841,7 @@ def _exec_program(spec, case, cwd, fds, err_w):
             os._exit(127)
 
 
-def _run_harness(spec, job, env):
+def _run_harness(spec, harness, env, inp):
     """The code verifier's harness (sandbox/harness.py, sent compiled) in this forked copy of the
     runner's interpreter instead of a new one: the same process boundary and limits, without an
     interpreter start-up per test case. The copy holds nothing secret (inputs, no expected
@@ -727,6 +853,9 @@ def _run_harness(spec, job, env):
         prctl(PR_SET_DUMPABLE, 1)  # an ordinary process again (the runner stays not dumpable)
         os.environ.clear()
         os.environ.update(env)
+        job = dict(harness)
+        if job["mode"] == "function":  # this case's call, from its own input
+            job.update(marshal.loads(inp))
         sys.argv[:] = ["-c", job["mode"]]
         code = marshal.loads(spec["harness_code"])
     except BaseException:  # noqa: BLE001
@@ -762,9 +891,22 @@ def _reap(ns, pid):
         pass
 
 
-def _run_case(spec, case, ns, cwd, stdio):
+def _run_case(spec, case, ns, cwd, stdio, inputs_fd):
     """Fork the program for one case and watch it: stdin fed, output read up to the caps, the
-    wall-clock limit from the fork on (so the program's start-up and imports count)."""
+    wall-clock limit from the fork on (so the program's start-up and imports count). Returns
+    the report and the case's output sinks."""
+    try:
+        inp = _read_input(inputs_fd, case["input_len"])
+    except OSError as e:
+        return {"status": "setup_error", "reason": f"reading the case's input: {e}"}, {}
+    try:
+        return _watch_case(spec, case, ns, cwd, stdio, inp)
+    finally:
+        if inp is not None:
+            inp.close()
+
+
+def _watch_case(spec, case, ns, cwd, stdio, inp):
     caps = case["caps"]
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     parent_ends, child_fds = {}, {}
@@ -785,7 +927,7 @@ def _run_case(spec, case, ns, cwd, stdio):
         os.close(err_r)
         for fd in parent_ends.values():
             os.close(fd)
-        _exec_program(spec, case, cwd, child_fds, err_w)
+        _exec_program(spec, case, cwd, child_fds, err_w, inp)
     os.close(err_w)
     for target, fd in child_fds.items():
         if stdio is None or fd not in (0, 1, 2):
@@ -806,14 +948,15 @@ def _run_case(spec, case, ns, cwd, stdio):
         for fd in parent_ends.values():
             os.close(fd)
         _reap(ns, pid)
-        return {"status": "setup_error", "reason": setup_error.decode(errors="replace")}
+        return {"status": "setup_error", "reason": setup_error.decode(errors="replace")}, {}
 
     timeout = case["timeout_s"]
     deadline = None if timeout is None else start + timeout
-    stdin = memoryview(case.get("stdin", b""))
-    bufs = {name: bytearray() for name in parent_ends if name != "stdin"}
-    seen = {name: [0] for name in bufs}
-    keeps = {name: case.get("stderr_keep") if name == "stderr" else None for name in bufs}
+    # stdin is the case's input, unless the harness took it as its call's arguments.
+    feed = inp is not None and (case["harness"] or {}).get("mode") != "function"
+    stdin = memoryview(inp) if feed else memoryview(b"")
+    sinks = {name: _Sink(caps[name], case.get("stderr_keep") if name == "stderr" else None)
+             for name in parent_ends if name != "stdin"}
     poller = select.poll()
     names = {}
     for name, fd in parent_ends.items():
@@ -861,11 +1004,10 @@ def _run_case(spec, case, ns, cwd, stdio):
                     os.close(fd)
                     del names[fd]
                 continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
+            if not sinks[name].read(fd):
                 poller.unregister(fd)
                 continue
-            if _keep(bufs[name], chunk, caps[name], seen[name], keeps[name]) and overflow is None:
+            if sinks[name].over and overflow is None:
                 overflow = name
         if overflow is not None:
             status = "output_limit"
@@ -873,6 +1015,7 @@ def _run_case(spec, case, ns, cwd, stdio):
         done, st, ru = os.wait4(pid, os.WNOHANG)
         if done:
             wstatus, usage = st, ru
+    stdin.release()
     wall = time.monotonic() - start
     if wstatus is None:  # timeout or overflow: the program is still running
         _kill_rest(pid, ns)
@@ -897,18 +1040,22 @@ def _run_case(spec, case, ns, cwd, stdio):
         os.set_blocking(fd, False)
         while overflow is None:
             try:
-                chunk = os.read(fd, 65536)
+                more = sinks[name].read(fd)
             except BlockingIOError:
                 if time.monotonic() > drain_until:
                     break
                 select.select([fd], [], [], 0.01)
                 continue
-            if not chunk:
+            if not more:
                 break
-            if _keep(bufs[name], chunk, caps[name], seen[name], keeps[name]):
+            if sinks[name].over:
                 overflow = name
                 status = status or "output_limit"
         os.close(fd)
+    # An exit after the limit is a timeout whatever its status: the runner may have been slow
+    # to see it (a busy machine), but the case's own time is over the limit either way.
+    if status is None and timeout is not None and wall > timeout:
+        status = "timeout"
     report = {
         "status": status or "exited",
         "exit_code": os.waitstatus_to_exitcode(wstatus),
@@ -917,24 +1064,7 @@ def _run_case(spec, case, ns, cwd, stdio):
         "wall_s": wall,
         "overflow": overflow,
     }
-    for name, buf in bufs.items():
-        keep = keeps[name]
-        report[name] = bytes(buf if keep is None else buf[-keep:])
-    return report
-
-
-def _keep(buf, chunk, cap, seen, keep):
-    """Append chunk to buf, keeping at most cap bytes, or only the last `keep` of them (a
-    case's stderr: the caller needs its end, not all of it). True once the stream has gone past
-    its cap; seen[0] counts every byte read."""
-    seen[0] += len(chunk)
-    over = seen[0] > cap
-    if over:
-        chunk = chunk[: max(0, len(chunk) - (seen[0] - cap))]
-    buf += chunk
-    if keep is not None and len(buf) > 2 * keep:
-        del buf[: len(buf) - keep]
-    return over
+    return report, sinks
 
 
 def main():
@@ -949,8 +1079,14 @@ def main():
         mech = spec["mechanisms"]
         was_root = os.geteuid() == 0
         spec["root_mapped"] = was_root
+        # What each case's rlimits start from: the launcher's, taken before any case ran.
+        spec["base_rlimits"] = [(r, resource.getrlimit(r)) for r in ALL_RLIMITS]
         if spec.get("cgroup"):
-            cgroup = Cgroup(spec["cgroup"])
+            try:
+                cgroup = Cgroup(spec["cgroup"])
+            except OSError as e:
+                raise SetupError(f"creating the run's memory cgroup {spec['cgroup']['path']}: "
+                                 f"{e.strerror or e}") from None
         if mech["namespaces"]:
             _map_ids(was_root)
             flags = NS_FLAGS | (CLONE_NEWCGROUP if os.path.exists("/proc/self/ns/cgroup") else 0)

@@ -31,6 +31,12 @@ def _find_cgroup(mode: str) -> tuple[dict | None, str]:
             return None, "no cgroup memory controller is mounted for this process"
     errors = []
     for parent in candidates:
+        # A plain directory accepts the same mkdir and writes; only a cgroup file system fills a
+        # new directory with cgroup.procs.
+        if not os.path.isfile(os.path.join(parent, "cgroup.procs")):
+            errors.append(f"{parent} is not a cgroup directory (it has no cgroup.procs): name a "
+                          "directory of a cgroup file system, e.g. under /sys/fs/cgroup")
+            continue
         version = 2 if os.path.exists(os.path.join(parent, "cgroup.controllers")) else 1
         if version == 2:
             try:

@@ -109,6 +109,8 @@ class Sandbox:
                 logger.warning(msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=3)
             ns_error = self._try(mech)
+            if ns_error and "memory cgroup" in ns_error:  # the cgroup failed, not the namespaces
+                raise SandboxUnavailable(_cgroup_message(ns_error, "cgroup=" + self._cgroup_mode))
             if self.isolation == "full":
                 if ns_error or seccomp_error:
                     raise SandboxUnavailable(_unavailable_message(ns_error, seccomp_error))
@@ -185,13 +187,15 @@ class Sandbox:
             self._pool = None
 
     def _case_spec(self, job: Job, case: Case, mech: dict) -> dict:
-        argv, stdin, harness = list(case.argv or job.argv), bytes(case.stdin), case.harness
+        argv, data, harness = list(case.argv or job.argv), bytes(case.stdin), case.harness
+        if harness is not None:
+            if harness["mode"] == "function":  # the call's arguments are the case's input
+                data = marshal.dumps({k: v for k, v in harness.items() if k != "mode"})
+            harness = {"mode": harness["mode"]}
         # The runner's interpreter can run the harness only where the program would see that
         # same interpreter: with namespaces (its installation is bound) and no other python=.
         if harness is not None and not (mech["namespaces"] and self.python == self._launcher_python):
             argv = [self.python, "-I", "-S", "-B", "-c", _harness_text(), harness["mode"]]
-            if harness["mode"] == "function":
-                stdin = marshal.dumps({k: v for k, v in harness.items() if k != "mode"})
             harness = None
         caps = {"stderr": self.limits.max_output_bytes}
         if case.capture_stdout:
@@ -199,7 +203,8 @@ class Sandbox:
         if case.result_channel:
             caps["results"] = case.max_result_bytes or self.limits.max_output_bytes
         timeout = case.timeout_s or self.limits.timeout_s
-        return {"argv": argv, "stdin": stdin, "caps": caps,
+        # The input travels after the header and reaches the runner only when its case starts.
+        return {"argv": argv, "input": data, "input_len": len(data), "caps": caps,
                 "timeout_s": None if math.isinf(timeout) else float(timeout),
                 "stderr_keep": job.stderr_tail, "harness": harness}
 
@@ -216,7 +221,7 @@ class Sandbox:
             "wall_s": None if total is None else total + 1.0,
             "env": _ENV,
             "libseccomp": _LIBSECCOMP,
-            "cases": cases,
+            "cases": [{k: v for k, v in c.items() if k != "input"} for c in cases],
             "interactive": interactive,
             "harness_code": _harness_code() if any(c["harness"] for c in cases) else None,
             "cgroup": None if cgroup_path is None else {
@@ -250,6 +255,8 @@ class Sandbox:
             os.close(status_w)
             os.close(report_w)
         header = _launcher_code() + self._spec(job, mech, cases, interactive, cgroup_path)
+        if not interactive:  # each case's input, read by the runner just before that case
+            header += b"".join(c.pop("input") for c in cases)
         return proc, status_r, report_r, header, cases, cgroup_path
 
     def _run(self, job: Job, mech: dict) -> ExecResult:

@@ -103,8 +103,9 @@ def _kill_launcher(proc) -> None:
 
 
 def _parse_reports(data: bytes, cases: list[dict]) -> dict[int, dict]:
-    """The runner's frames (a decimal length, a newline, marshal data), each checked against
-    the most its case may send before it is decoded."""
+    """The runner's frames (a decimal length, a newline, marshal data naming the length of each
+    output stream, then those streams' bytes), each checked against the most its case may send
+    before it is decoded."""
     out: dict[int, dict] = {}
     pos = 0
     while pos < len(data) and len(out) < len(cases):
@@ -124,8 +125,19 @@ def _parse_reports(data: bytes, cases: list[dict]) -> dict[int, dict]:
             break
         if not isinstance(frame, dict) or frame.get("i") != len(out):
             break
-        out[frame["i"]] = frame
         pos = nl + 1 + n
+        lens = frame.get("lens", {})
+        caps = cases[len(out)]["caps"]
+        if not isinstance(lens, dict) or any(
+                name not in caps or not isinstance(k, int) or not 0 <= k <= caps[name]
+                for name, k in lens.items()):
+            break
+        if pos + sum(lens.values()) > len(data):
+            break
+        for name, k in lens.items():
+            frame[name] = data[pos : pos + k]
+            pos += k
+        out[frame["i"]] = frame
     return out
 
 
@@ -186,6 +198,11 @@ def _case_result(rep: dict, limits: SandboxLimits, case: dict) -> ExecResult:
         name = rep.get("overflow") or "output"
         return ExecResult("output_limit", f"output limit: more than {case['caps'].get(name, 0)} "
                           f"bytes on {name}", **common)
+    if status == "tampered":
+        return ExecResult("runtime_error", "runtime error: the program changed the sandbox's "
+                          "runner (its limits, priority or scheduling)", **common)
+    if status == "not_run":
+        return ExecResult("not_run", str(rep.get("reason", "not run")), **common)
     if status == "timeout":
         return ExecResult("timeout", f"timeout: still running after {case['timeout_s']:g} s "
                           "(wall clock)", **common)
