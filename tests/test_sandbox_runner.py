@@ -214,8 +214,7 @@ def test_a_case_cannot_take_the_hosts_aio_contexts(sb):
 
 
 def test_a_plain_directory_as_the_cgroup_is_refused_for_what_it_is(tmp_path, monkeypatch):
-    from reinforge.sandbox import SandboxUnavailable
-    from reinforge.sandbox import probe
+    from reinforge.sandbox import SandboxUnavailable, probe
 
     monkeypatch.setattr(sandbox_impl, "_probe_cache", {})
     monkeypatch.setattr(probe, "_cgroup_cache", {})
