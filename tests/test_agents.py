@@ -106,7 +106,7 @@ def test_parse_tool_calls_reports_what_is_wrong():
 
 
 def test_every_failing_call_becomes_an_error_observation_and_is_counted():
-    ex = ToolExecutor([add, explode, hang, chatty], timeout_s=0.3, max_output_chars=20)
+    ex = ToolExecutor([add, explode, hang, chatty], timeout_s=0.3, max_output_chars=80)
     ok = ex.run(ToolCall("add", {"a": 2, "b": 3}, ""))
     assert (ok.content, ok.error) == ("5", None)
     cases = {
@@ -127,9 +127,15 @@ def test_every_failing_call_becomes_an_error_observation_and_is_counted():
     assert late.error == "timeout" and "0.3 s" in late.content
     assert time.perf_counter() - t0 < 3  # the caller is free at the deadline, not when the tool returns
     long = ex.run(ToolCall("chatty", {"n": 100}, ""))
-    assert long.truncated and long.content.startswith("x" * 20)
-    assert long.content[20:] == TRUNCATION_MARKER.format(dropped=80, total=100)
-    assert not ex.run(ToolCall("chatty", {"n": 20}, "")).truncated
+    assert long.truncated and long.content.startswith("x" * 80)
+    assert long.content[80:] == TRUNCATION_MARKER.format(dropped=20, total=100)
+    assert not ex.run(ToolCall("chatty", {"n": 80}, "")).truncated
+    # Errors are observations too: cut the same way, whatever the model or the tool put in them.
+    for call in (ToolCall("m" * 10_000, {}, ""), ToolCall("explode", {"x": "1", "y" * 10_000: 1}, ""),
+                 ToolCall(None, None, "{", "the tool call is not valid JSON (" + "z" * 10_000 + ")")):
+        r = ex.run(call)
+        assert r.error is not None and r.truncated and r.content.startswith("Error:")
+        assert r.content[80:].startswith("\n...[output truncated:") and len(r.content) < 160
 
 
 def test_tool_env_counts_invalid_calls_and_tool_errors():
@@ -585,12 +591,12 @@ def test_sampled_eval_over_trajectories(tmp_path, tiny_model_dir):
                                               for c, t in zip(r["completions"], r["trajectories"])])
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
+def _post(url: str, body: dict, key: str) -> tuple[int, dict]:
     import urllib.error
     import urllib.request
 
     req = urllib.request.Request(url + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -603,23 +609,24 @@ def test_openai_endpoint_records_token_in_token_out_conversations():
 
     tok = make_tokenizer()
     model = eos_biased_model(tok, bias=3.0)
-    with CompletionServer(HFGenerator(model, tok), max_tokens=12) as server:
+    # The fallback tool prompt in characters is longer than the tiny model's 512 positions.
+    with CompletionServer(HFGenerator(model, tok), max_tokens=12, max_model_len=4096) as server, server.episode() as ep:
         assert server.url.startswith("http://127.0.0.1:")
         torch.manual_seed(0)
         first = [{"role": "user", "content": "What is 2+3?"}]
         status, r1 = _post(server.url, {"model": "x", "messages": first, "temperature": 1.0, "logprobs": True,
-                                        "tools": [Tool.from_function(add).schema]})
+                                        "tools": [Tool.from_function(add).schema]}, ep.api_key)
         assert status == 200 and r1["object"] == "chat.completion"
         reply = r1["choices"][0]["message"]
         assert len(r1["choices"][0]["logprobs"]["content"]) == r1["usage"]["completion_tokens"]
         # The agent answers with a tool result; the client echoes the assistant message back (with
         # an extra field, as OpenAI clients do).
         second = first + [{**reply, "refusal": None}, {"role": "tool", "tool_call_id": "c1", "content": "5"}]
-        status, r2 = _post(server.url, {"model": "x", "messages": second})
+        status, r2 = _post(server.url, {"model": "x", "messages": second}, ep.api_key)
         assert status == 200
-        status, _ = _post(server.url, {"model": "x", "messages": [{"role": "user", "content": "Other."}]})
-        assert _post(server.url, {"model": "x", "messages": []})[0] == 400
-        assert _post(server.url, {"model": "x", "messages": first, "stream": True})[0] == 400
+        status, _ = _post(server.url, {"model": "x", "messages": [{"role": "user", "content": "Other."}]}, ep.api_key)
+        assert _post(server.url, {"model": "x", "messages": []}, ep.api_key)[0] == 400
+        assert _post(server.url, {"model": "x", "messages": first, "stream": True}, ep.api_key)[0] == 400
     convs = server.finished()
     assert len(server.conversations) == 3 and len(convs) == 2
     conv = convs[0]
@@ -658,14 +665,16 @@ def test_token_in_token_out_generate_route_samples_from_given_ids():
                                      tokenize=True, return_dict=False)
     stop = tok.convert_tokens_to_ids("a")
     with CompletionServer(HFGenerator(model, tok), max_tokens=16, max_model_len=200) as server:
+        server.open_episode("trace-1")
         root = server.url[: -len("/v1")]
-        status, models = call(server.url + "/models", None, method="GET")
+        auth = {"Authorization": f"Bearer {server.api_key}", "X-Session-ID": "trace-1"}
+        status, models = call(server.url + "/models", None, method="GET", headers=auth)
         assert status == 200 and models["data"][0]["max_model_len"] == 200
         torch.manual_seed(0)
         status, r = call(root + "/inference/v1/generate", {
             "model": "x", "token_ids": prompt,
             "sampling_params": {"temperature": 1.0, "max_tokens": 16, "logprobs": 1, "stop_token_ids": [stop]}},
-            headers={"X-Session-ID": "trace-1"})
+            headers=auth)
         assert status == 200
         choice = r["choices"][0]
         ids, lps = choice["token_ids"], [c["logprob"] for c in choice["logprobs"]["content"]]
@@ -675,11 +684,13 @@ def test_token_in_token_out_generate_route_samples_from_given_ids():
         assert all(t not in (tok.eos_token_id, stop) for t in ids[:-1])  # it stopped at the first stop id
         # Greedy (temperature 0) is the argmax at every step.
         status, g = call(root + "/inference/v1/generate", {"token_ids": prompt,
-                                                         "sampling_params": {"temperature": 0, "max_tokens": 5}})
+                                                         "sampling_params": {"temperature": 0, "max_tokens": 5}},
+                         headers=auth)
         assert status == 200
-        assert call(root + "/inference/v1/generate", {"token_ids": []})[0] == 400
-        assert call(root + "/inference/v1/generate", {"token_ids": [10**6]})[0] == 400
-        assert call(root + "/inference/v1/generate", {"token_ids": [1] * 200})[0] == 400  # past max_model_len
+        assert call(root + "/inference/v1/generate", {"token_ids": []}, headers=auth)[0] == 400
+        assert call(root + "/inference/v1/generate", {"token_ids": [10**6]}, headers=auth)[0] == 400
+        status, err = call(root + "/inference/v1/generate", {"token_ids": [1] * 200}, headers=auth)
+        assert status == 400 and "200 tokens; max_model_len is 200" in err["error"]["message"]
     gen = server.generations[0]
     assert (gen.prompt_ids, gen.token_ids, gen.session_id) == (prompt, ids, "trace-1")
     # The recorded log-probs are the model's: one forward pass over prompt + sample.

@@ -62,6 +62,25 @@ def test_python_tool_runs_in_the_sandbox_not_in_the_trainer(sandbox_ok, tmp_path
     assert info["tool_errors"] == 1 and "timeout" in obs[0]["content"]
 
 
+def test_python_tool_errors_are_cut_like_its_output(sandbox_ok):
+    """A failing program's error observation (its reason, its stderr, the stdout it printed) is
+    cut to max_output_chars with the marker, as a long result is: the red team's failing program
+    produced a 120,514-character observation under max_output_chars=500."""
+    from reinforge.agents.tools import TRUNCATION_MARKER
+
+    env = env_factory("calculator", {"tool": "python", "max_output_chars": 500}, None)()
+    env.reset(Example("e", [{"role": "user", "content": "x"}], "1"))
+    marker = TRUNCATION_MARKER.split("{")[0]
+    for code in ("print('y' * 60000)\nraise ValueError('z' * 60000)",  # stdout, then a long traceback
+                 "print('x' * 100000)",  # past the sandbox's output limit: an error too
+                 "print('x' * 5000)"):  # a long result
+        obs, _, _, info = env.step({"role": "assistant", "content": _call("python", {"code": code})})
+        content, result = obs[0]["content"], info["tool_results"][0]
+        assert result["truncated"] and content[500:].startswith(marker), code
+        assert len(content) < 600, (code, len(content))
+    assert result["error"] is None and info["tool_errors"] == 0  # the last one worked
+
+
 def test_guess_number_task_and_split():
     cfg = build_config({"task": {"source": "env", "options": {"high": 50}, "train_size": 30, "eval_size": 10},
                         "env": {"name": "guess_number"}})

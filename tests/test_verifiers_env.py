@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -30,6 +31,19 @@ from vf_toy_taskset import WORDS  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
+def _post(url: str, body: dict, headers: dict) -> int:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json",
+                                                                               **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
 def test_verifiers_episodes_become_token_in_token_out_rows():
     tok = make_tokenizer()
     model = eos_biased(tok)
@@ -43,8 +57,18 @@ def test_verifiers_episodes_become_token_in_token_out_rows():
                                         record=True)
         generations = list(agent.server.generations)
         assert generations == []  # the generator takes them
+        # verifiers was given the run's key (through an *API_KEY* variable, which its subprocess
+        # runtime keeps from the programs it starts); each trace was a live episode only while it
+        # ran: a request naming one now is refused and recorded nowhere.
+        key_var = agent._key_var
+        assert os.environ[key_var] == agent.server.api_key and "API_KEY" in key_var
+        assert agent.server.gate._live == set()
+        status = _post(agent.server.url[: -len("/v1")] + "/inference/v1/generate", {"token_ids": [5, 6]},
+                       {"Authorization": f"Bearer {agent.server.api_key}", "X-Session-ID": batch.episodes[0].trace_id})
+        assert status == 403 and agent.server.generations == []
     finally:
         agent.close()
+    assert key_var not in os.environ
     episodes = batch.episodes
     assert len(episodes) == 6 and batch.group_index.tolist() == [0, 0, 0, 1, 1, 1]
     assert len({e.trace_id for e in episodes}) == 6

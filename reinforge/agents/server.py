@@ -3,15 +3,24 @@ the HF rollout engine, recording the exact token ids and log-probs behind every 
 an agent written against the OpenAI client produces trajectories reinforge can train on.
 
     with CompletionServer(generator) as server:      # http://127.0.0.1:<port>/v1
-        run_my_agent(base_url=server.url, api_key="unused")
+        with server.episode() as ep:                  # one live episode: its requests are rows
+            run_my_agent(base_url=server.url, api_key=ep.api_key)
     batch = server.rollout()                          # one row per conversation, token-in/token-out
 
+Who may call (reinforge/agents/endpoint_guard.py): every request carries ``Authorization: Bearer
+<key>``, the run's secret (``server.api_key``) or an episode's key (``open_episode().api_key``),
+else 401; a request that samples must belong to a live episode (its key's, or the one its
+``X-Session-ID`` names), else 403, so only the run's own episodes become training rows. Bodies
+need a ``Content-Length`` of at most ``max_body_bytes``; at most ``max_connections`` connections
+at once, each with ``io_timeout_s`` to send its request; prompts longer than ``max_model_len``
+and sampling parameters out of range are refused (400) before the engine sees them.
+
 Token-in/token-out across requests: a request whose messages begin with a conversation this server
-already answered (the same messages and the assistant message it returned) continues that
-conversation's token ids: the sampled tokens as they were sampled, then only the new messages'
-tokens, rendered as the agent loop renders observations (reinforge/agents/render.py). Anything else
-starts a new conversation from the chat template. Each request re-prefills its context (the
-engine keeps no cache between HTTP calls).
+already answered in the same episode (the same messages and the assistant message it returned)
+continues that conversation's token ids: the sampled tokens as they were sampled, then only the
+new messages' tokens, rendered as the agent loop renders observations (reinforge/agents/render.py).
+Anything else starts a new conversation from the chat template. Each request re-prefills its
+context (the engine keeps no cache between HTTP calls).
 
 Tool calls: the request's ``tools`` are shown as the agent loop shows them (the template's
 ``tools=``, else the fallback system prompt), and ``<tool_call>{json}</tool_call>`` in the sampled
@@ -22,25 +31,43 @@ Token-in/token-out for clients that render prompts themselves: ``POST /inference
 (the route vLLM's token-in/token-out server mounts, which ``verifiers``' training client calls)
 takes ``token_ids`` and ``sampling_params`` (``temperature``, ``top_p``, ``max_tokens``,
 ``stop_token_ids``) and returns the sampled ids with their log-probs; every call is kept in
-``server.generations``.
+``server.generations`` with its episode (verifiers sends its trace id as ``X-Session-ID``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+from reinforge.agents.endpoint_guard import BoundedHTTPServer, Gate, GuardedHandler, RequestError, number_param
 from reinforge.agents.loop import pad_trajectories
 from reinforge.agents.render import ChatRenderer
 from reinforge.agents.tools import TOOL_CALL, parse_tool_calls
 from reinforge.batch import RolloutBatch
 from reinforge.rollout.base import SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 8192  # when neither the caller, the model config nor the tokenizer says
+MAX_TEMPERATURE = 100.0
+MAX_TOKENS_PARAM = 1 << 20  # a larger max_tokens is refused; any accepted one is capped at the server's
+MAX_STOP_TOKEN_IDS = 1024
+
+
+@dataclass(frozen=True)
+class LiveEpisode:
+    """An open episode: requests made with ``api_key`` (or with the run's key and
+    ``X-Session-ID: <id>``) belong to it until ``CompletionServer.close_episode(id)``."""
+
+    id: str
+    api_key: str
 
 
 @dataclass
@@ -54,6 +81,7 @@ class Conversation:
     action_mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     extended: bool = False  # a later request continued it
+    episode: str | None = None  # the live episode whose request made it
 
 
 @dataclass
@@ -66,7 +94,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
-    session_id: str | None = None
+    session_id: str | None = None  # the episode it belongs to
 
 
 def _canonical(message: dict) -> str:
@@ -87,11 +115,21 @@ def _json_args(args):
 
 
 class CompletionServer:
-    """Serves ``/v1/chat/completions`` (and ``/v1/models``) on 127.0.0.1:``port`` (0: a free
-    port) with an ``HFGenerator``. ``max_tokens``: the default and the cap of a response."""
+    """Serves ``/v1/chat/completions``, ``/inference/v1/generate`` and ``/v1/models`` on
+    127.0.0.1:``port`` (0: a free port) with an ``HFGenerator``.
+
+    max_tokens:      the default and the cap of a response's tokens.
+    max_model_len:   prompt plus response tokens at most (None: the model config's
+                     ``max_position_embeddings``, else the tokenizer's ``model_max_length``, else
+                     8192); a longer prompt is refused on every route.
+    max_body_bytes:  the largest request body read (413 above it).
+    max_connections: connections served at once, a thread each (503 to one more).
+    io_timeout_s:    seconds a connection has to send its request, and for each write of the answer.
+    """
 
     def __init__(self, generator, *, port: int = 0, max_tokens: int = 256, tool_format: str = "auto",
-                 model_name: str = "reinforge-policy", max_model_len: int | None = None):
+                 model_name: str = "reinforge-policy", max_model_len: int | None = None,
+                 max_body_bytes: int = 8 << 20, max_connections: int = 64, io_timeout_s: float = 30.0):
         self.generator = generator
         self.tokenizer = generator.tokenizer
         self.renderer = ChatRenderer(self.tokenizer, tool_format)
@@ -100,18 +138,30 @@ class CompletionServer:
         if max_model_len is None:  # what the model's positions allow (clients check prompts against it)
             engine = getattr(generator, "engine", None)
             max_model_len = getattr(getattr(engine, "config", None), "max_position_embeddings", None)
-        self.max_model_len = max_model_len
+        if max_model_len is None:
+            limit = getattr(self.tokenizer, "model_max_length", None)
+            max_model_len = limit if isinstance(limit, int) and 0 < limit < 10**7 else DEFAULT_MAX_MODEL_LEN
+        self.max_model_len = int(max_model_len)
+        self.max_body_bytes = int(max_body_bytes)
         self.conversations: list[Conversation] = []
         self.generations: list[Generation] = []
+        self.gate = Gate()
         self._by_key: dict[str, Conversation] = {}
-        self._engine = threading.Lock()
-        server = self
-        self._http = ThreadingHTTPServer(("127.0.0.1", port), _handler(server))
+        self._keys_of: dict[str, list[str]] = {}
+        self._engine = threading.Lock()  # one request in the engine at a time
+        self._state = threading.Lock()  # what is recorded, and the episodes' conversations
+        self._http = BoundedHTTPServer(("127.0.0.1", port), _handler(self), max_connections=max_connections,
+                                       io_timeout_s=io_timeout_s)
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
+
+    @property
+    def api_key(self) -> str:
+        """The run's secret: the key of every route (a sampling request also names its episode)."""
+        return self.gate.secret
 
     def start(self) -> "CompletionServer":
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True, name="reinforge-openai")
@@ -128,37 +178,87 @@ class CompletionServer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- episodes -------------------------------------------------------------------------------
+    def open_episode(self, episode_id: str | None = None) -> LiveEpisode:
+        """Make ``episode_id`` (default: a fresh one) live: its requests are served and recorded."""
+        episode_id = episode_id or f"ep-{uuid.uuid4().hex}"
+        self.gate.open(episode_id)
+        return LiveEpisode(episode_id, self.gate.key(episode_id))
+
+    def close_episode(self, episode_id: str) -> None:
+        """End ``episode_id``: its later requests are refused (403) and never recorded."""
+        self.gate.close(episode_id)
+        with self._state:
+            for key in self._keys_of.pop(episode_id, []):
+                self._by_key.pop(key, None)
+
+    @contextmanager
+    def episode(self, episode_id: str | None = None):
+        ep = self.open_episode(episode_id)
+        try:
+            yield ep
+        finally:
+            self.close_episode(ep.id)
+
+    def _record(self, episode: str | None, record) -> None:
+        """Run ``record()`` if ``episode`` is still live (a request that outlived its episode is
+        answered 403 and kept nowhere)."""
+        with self._state:
+            if episode is not None and not self.gate.live(episode):
+                raise RequestError(403, f"episode {episode!r} finished while this request ran: it is not recorded",
+                                   "no_live_episode")
+            record()
+
     # -- one request ----------------------------------------------------------------------------
-    def complete(self, request: dict) -> dict:
+    def _sampling(self, sp: dict, prompt_len: int, max_tokens, field_name: str) -> SamplingParams:
+        """Validated sampling parameters for a prompt of ``prompt_len`` tokens (400 naming the
+        parameter and its range, or the prompt's length and the limit)."""
+        n = sp.get("n")
+        if n is not None and number_param(n, "n", 1, MAX_TOKENS_PARAM, integer=True) != 1:
+            raise RequestError(400, "n > 1 is not supported: send one request per sample", param="n")
+        if prompt_len >= self.max_model_len:
+            raise RequestError(400, f"the prompt has {prompt_len} tokens; max_model_len is {self.max_model_len} "
+                                    "(prompt and response together)", param=field_name)
+        limit = self.max_tokens if max_tokens is None else number_param(max_tokens, "max_tokens", 1, MAX_TOKENS_PARAM,
+                                                                        integer=True)
+        temperature = 1.0 if sp.get("temperature") is None else number_param(sp["temperature"], "temperature", 0.0,
+                                                                              MAX_TEMPERATURE)
+        top_p = 1.0 if sp.get("top_p") is None else number_param(sp["top_p"], "top_p", 0.0, 1.0, lo_open=True)
+        return SamplingParams(num_samples=1, temperature=max(temperature, 1e-6), top_p=top_p,
+                              max_new_tokens=min(limit, self.max_tokens, self.max_model_len - prompt_len),
+                              greedy=temperature == 0.0)
+
+    def complete(self, request: dict, episode: str | None = None) -> dict:
+        """One chat completion; ``episode``: the live episode it belongs to (None: a direct
+        call, recorded unconditionally)."""
         messages = request.get("messages")
-        if not isinstance(messages, list) or not messages:
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ValueError("'messages' must be a non-empty list of chat messages")
         tools = request.get("tools") or None
-        n = int(request.get("n", 1))
-        if n != 1:
-            raise ValueError("n > 1 is not supported: send one request per sample")
-        max_tokens = min(int(request.get("max_tokens") or request.get("max_completion_tokens") or self.max_tokens),
-                         self.max_tokens)
-        temperature = float(request.get("temperature", 1.0))
-        params = SamplingParams(num_samples=1, temperature=max(temperature, 1e-6), top_p=float(request.get("top_p", 1.0)),
-                                max_new_tokens=max_tokens, greedy=temperature == 0.0)
+        max_tokens = request.get("max_completion_tokens")
+        max_tokens = request.get("max_tokens") if max_tokens is None else max_tokens
         keys = [_canonical(m) for m in messages]
-        parent, cut = None, 0
-        for k in range(len(keys), 0, -1):  # the longest answered conversation this one continues
-            parent = self._by_key.get("\n".join(keys[:k]))
-            if parent is not None:
-                cut = k
-                break
+        scope = f"{episode}\n" if episode is not None else "\n"
+        with self._state:
+            parent, cut = None, 0
+            for k in range(len(keys), 0, -1):  # the longest conversation of this episode it continues
+                parent = self._by_key.get(scope + "\n".join(keys[:k]))
+                if parent is not None:
+                    cut = k
+                    break
         with self._engine:
             if parent is not None:
                 stop = self.tokenizer.decode(parent.token_ids[-1:]) if parent.token_ids else None
                 obs = self.renderer.observation_ids([_plain(m) for m in messages[cut:]], stop)
                 conv = Conversation(list(messages), list(parent.prompt_ids), parent.token_ids + obs,
-                                    parent.action_mask + [False] * len(obs), parent.logprobs + [0.0] * len(obs))
-                parent.extended = True
+                                    parent.action_mask + [False] * len(obs), parent.logprobs + [0.0] * len(obs),
+                                    episode=episode)
             else:
-                conv = Conversation(list(messages), self.renderer.prompt_ids([_plain(m) for m in messages], tools))
-            out = self.generator.generate([conv.prompt_ids + conv.token_ids], params)
+                conv = Conversation(list(messages), self.renderer.prompt_ids([_plain(m) for m in messages], tools),
+                                    episode=episode)
+            context = conv.prompt_ids + conv.token_ids
+            params = self._sampling(request, len(context), max_tokens, "messages")
+            out = self.generator.generate([context], params)
         k = int(out.completion_mask[0].sum())
         sampled = out.completion_ids[0, :k].tolist()
         lps = out.sampler_logprobs[0, :k].tolist()
@@ -174,24 +274,33 @@ class CompletionServer:
                                      for c in calls]
         finish = "length" if bool(out.truncated[0]) else ("tool_calls" if calls else "stop")
         conv.messages.append(message)
-        self.conversations.append(conv)
-        self._by_key["\n".join(keys + [_canonical(message)])] = conv
+        key = scope + "\n".join(keys + [_canonical(message)])
+
+        def record():
+            if parent is not None:
+                parent.extended = True
+            self.conversations.append(conv)
+            self._by_key[key] = conv
+            if episode is not None:
+                self._keys_of.setdefault(episode, []).append(key)
+
+        self._record(episode, record)
         choice = {"index": 0, "message": message, "finish_reason": finish}
         if request.get("logprobs"):
             choice["logprobs"] = {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp}
                                               for t, lp in zip(sampled, lps)]}
-        prompt_len = len(conv.prompt_ids) + len(conv.token_ids) - k
+        prompt_len = len(context)
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice],
                 "usage": {"prompt_tokens": prompt_len, "completion_tokens": k, "total_tokens": prompt_len + k},
                 # Not OpenAI's: the exact ids behind this response (vLLM's return_token_ids does the same).
-                "prompt_token_ids": conv.prompt_ids + conv.token_ids[:-k] if k else conv.prompt_ids + conv.token_ids,
-                "completion_token_ids": sampled}
+                "prompt_token_ids": context, "completion_token_ids": sampled}
 
     def generate_tokens(self, request: dict, session_id: str | None = None) -> dict:
         """``POST /inference/v1/generate``: sample a continuation of ``token_ids``. The stop ids
         are the model's EOS plus the request's ``stop_token_ids`` (as vLLM does); the stop token
-        is returned with the sample (``finish_reason: "stop"``), else ``"length"``."""
+        is returned with the sample (``finish_reason: "stop"``), else ``"length"``.
+        ``session_id``: the live episode it belongs to (None: a direct call, recorded)."""
         ids = request.get("token_ids")
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("'token_ids' must be a non-empty list of token ids")
@@ -201,18 +310,12 @@ class CompletionServer:
         sp = request.get("sampling_params") or {}
         if not isinstance(sp, dict):
             raise ValueError("'sampling_params' must be an object")
-        if int(sp.get("n", 1)) != 1:
-            raise ValueError("n > 1 is not supported: send one request per sample")
-        max_tokens = min(int(sp.get("max_tokens") or self.max_tokens), self.max_tokens)
-        if self.max_model_len is not None:
-            if len(ids) >= self.max_model_len:
-                raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}")
-            max_tokens = min(max_tokens, self.max_model_len - len(ids))
-        temperature = float(1.0 if sp.get("temperature") is None else sp["temperature"])
-        top_p = float(1.0 if sp.get("top_p") is None else sp["top_p"])
-        params = SamplingParams(num_samples=1, temperature=max(temperature, 1e-6), top_p=top_p,
-                                max_new_tokens=max_tokens, greedy=temperature == 0.0)
-        stops = {int(t) for t in sp.get("stop_token_ids") or []}
+        params = self._sampling(sp, len(ids), sp.get("max_tokens"), "token_ids")
+        stop_ids = sp.get("stop_token_ids") or []
+        if not isinstance(stop_ids, list) or len(stop_ids) > MAX_STOP_TOKEN_IDS:
+            raise RequestError(400, f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids",
+                               param="stop_token_ids")
+        stops = {number_param(t, "stop_token_ids", 0, vocab - 1, integer=True) for t in stop_ids}
         with self._engine:
             # Per-request stop ids: the engine reads its stop set per call, and the lock keeps
             # every other caller out while it is widened.
@@ -227,7 +330,8 @@ class CompletionServer:
         lps = out.sampler_logprobs[0, :k].tolist()
         finish = "length" if bool(out.truncated[0]) else "stop"
         rid = f"gen-{uuid.uuid4().hex[:16]}"
-        self.generations.append(Generation(rid, list(ids), sampled, lps, finish, session_id))
+        self._record(session_id, lambda: self.generations.append(Generation(rid, list(ids), sampled, lps, finish,
+                                                                             session_id)))
         # vLLM's form under return_tokens_as_token_ids; verifiers' client checks each entry's token.
         content = [{"logprob": lp, "token": f"token_id:{t}"} for t, lp in zip(sampled, lps)]
         return {"request_id": rid, "model": self.model_name, "prompt_token_ids": list(ids),
@@ -235,9 +339,11 @@ class CompletionServer:
                              "finish_reason": finish}]}
 
     # -- what to train on -----------------------------------------------------------------------
-    def finished(self) -> list[Conversation]:
-        """The conversations no later request continued (whole trajectories), in order."""
-        return [c for c in self.conversations if not c.extended]
+    def finished(self, episode: str | None = None) -> list[Conversation]:
+        """The conversations no later request continued (whole trajectories), in order; only
+        ``episode``'s when given."""
+        with self._state:
+            return [c for c in self.conversations if not c.extended and (episode is None or c.episode == episode)]
 
     def rollout(self, conversations: list[Conversation] | None = None, group_index: torch.Tensor | None = None) -> RolloutBatch:
         """A RolloutBatch of ``conversations`` (default: ``finished()``), one row each, with the
@@ -261,43 +367,49 @@ def _plain(message: dict) -> dict:
 
 
 def _handler(server: CompletionServer):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # quiet
-            pass
+    routes = ("/v1/chat/completions", "/inference/v1/generate")
 
-        def _send(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    class Handler(GuardedHandler):
+        max_body_bytes = server.max_body_bytes
+
+        def _answer(self, route) -> None:
+            try:
+                self.send_json(200, route())
+            except RequestError as err:
+                self.send_json(err.status, err.body())
+            except (ValueError, TypeError, KeyError, AttributeError) as err:  # the request's shape
+                self.send_json(400, RequestError(400, str(err)).body())
+            except OSError:  # the client went away, or its deadline passed
+                raise
+            except Exception as err:  # noqa: BLE001 - answered, not a dead connection
+                log.exception("loopback endpoint: %s %s failed", self.command, self.path)
+                self.send_json(500, RequestError(500, f"internal error ({type(err).__name__})", "server_error").body())
 
         def do_GET(self) -> None:
-            if self.path.rstrip("/") == "/v1/models":
-                model = {"id": server.model_name, "object": "model"}
-                if server.max_model_len is not None:  # vLLM's field: clients check prompt lengths with it
-                    model["max_model_len"] = server.max_model_len
-                self._send(200, {"object": "list", "data": [model]})
-            else:
-                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+            def models() -> dict:
+                server.gate.authenticate(self.headers.get("Authorization"))
+                if self.path.split("?", 1)[0].rstrip("/") != "/v1/models":
+                    raise RequestError(404, f"no route {self.path[:200]}", "not_found")
+                # vLLM's max_model_len field: clients check prompt lengths with it
+                model = {"id": server.model_name, "object": "model", "max_model_len": server.max_model_len}
+                return {"object": "list", "data": [model]}
+
+            self._answer(models)
 
         def do_POST(self) -> None:
-            path = self.path.split("?", 1)[0].rstrip("/")
-            if path not in ("/v1/chat/completions", "/inference/v1/generate"):
-                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
-                return
-            try:
-                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                if not isinstance(request, dict):
-                    raise ValueError("the request body must be a JSON object")
+            def post() -> dict:
+                key_episode = server.gate.authenticate(self.headers.get("Authorization"))
+                path = self.path.split("?", 1)[0].rstrip("/")
+                if path not in routes:
+                    raise RequestError(404, f"no route {self.path[:200]}", "not_found")
+                episode = server.gate.episode(key_episode, self.headers.get("X-Session-ID"))
+                request = self.read_json()
                 if request.get("stream"):
-                    raise ValueError("stream=true is not supported")
+                    raise RequestError(400, "stream=true is not supported", param="stream")
                 if path == "/inference/v1/generate":
-                    self._send(200, server.generate_tokens(request, self.headers.get("X-Session-ID")))
-                    return
-                self._send(200, server.complete(request))
-            except (ValueError, TypeError, KeyError) as err:
-                self._send(400, {"error": {"message": str(err), "type": "invalid_request_error"}})
+                    return server.generate_tokens(request, episode)
+                return server.complete(request, episode)
+
+            self._answer(post)
 
     return Handler

@@ -10,8 +10,10 @@ function-calling form chat templates take as ``tools=``) is derived by
 (the Hermes/Qwen convention, which tool-aware chat templates also describe). Every way a call can
 fail (text that is not JSON, an unknown tool, arguments that do not fit the signature, a tool that
 raises, a tool that does not return within its time limit) becomes an error observation the model
-reads on its next turn, and is counted; the run goes on. Output longer than ``max_output_chars`` is
-cut with a visible marker, so the model and the reader of a trajectory both know it was cut.
+reads on its next turn, and is counted; the run goes on. Every observation longer than
+``max_output_chars`` (a result or an error: a traceback, a program's output quoted in its error, a
+model-written tool name echoed back) is cut with a visible marker, so the model and the reader of a
+trajectory both know it was cut.
 
 In-process tools run in a thread of the trainer's process: they must be trusted code. Model-written
 code is never run that way: the ``python`` tool (reinforge/agents/python_tool.py) runs it in the
@@ -176,6 +178,16 @@ class ToolExecutor:
         return [t.schema for t in self.tools]
 
     def run(self, call: ToolCall) -> ToolResult:
+        """The call's result; its ``content`` (what the model reads: the result, or the error
+        with whatever the tool or the model put in it) is cut to ``max_output_chars`` on every
+        path, with the marker."""
+        result = self._run(call)
+        content = truncate_output(result.content, self.max_output_chars)
+        if content != result.content:
+            result.content, result.truncated = content, True
+        return result
+
+    def _run(self, call: ToolCall) -> ToolResult:
         if call.error is not None and call.name is None:
             return ToolResult(None, None, f"Error: {call.error}.", "malformed")
         tool = self._by_name.get(call.name)
@@ -200,8 +212,7 @@ class ToolExecutor:
             return ToolResult(call.name, call.arguments, f"Error: {call.name} raised {type(err).__name__}: {err}",
                               "raised")
         text = value if isinstance(value, str) else json.dumps(value, default=str)
-        out = truncate_output(text, self.max_output_chars)
-        return ToolResult(call.name, call.arguments, out, None, out != text)
+        return ToolResult(call.name, call.arguments, text)
 
 
 class _ToolTimeout(Exception):

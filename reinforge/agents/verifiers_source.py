@@ -34,10 +34,12 @@ import asyncio
 import logging
 import math
 import random
+import os
 import shutil
 import sys
 import tempfile
 import threading
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -296,7 +298,7 @@ class VerifiersGenerator(WrappedGenerator):
         self.env = vf.load_environment(vf.resolve_env_config(env_config(opts, max_turns=max_turns)))
         self.recorded: list[VerifiersEpisode] = []
         self.dropped_branches = 0
-        self.server = self._tmp = self._loop = self._serving = None
+        self.server = self._tmp = self._loop = self._serving = self._key_var = None
         self._closed = False
         try:
             if model_dir is None:
@@ -304,10 +306,16 @@ class VerifiersGenerator(WrappedGenerator):
                 self.tokenizer.save_pretrained(self._tmp)
                 model_dir = self._tmp
             self.model_dir = str(model_dir)
-            self.server = CompletionServer(base, max_tokens=max_tokens).start()
+            # Room for every episode in flight (a few agents each) under the server's connection cap.
+            self.server = CompletionServer(base, max_tokens=max_tokens,
+                                           max_connections=max(64, 8 * self.max_concurrent)).start()
             # verifiers' training client: it renders with the tokenizer in model_dir and calls the
             # server's /inference/v1/generate (built here so a bad renderer option fails at once).
-            self._client = vf.TrainClientConfig(base_url=self.server.url, api_key_var="REINFORGE_VERIFIERS_API_KEY",
+            # It reads its key from the environment variable it is told; verifiers' subprocess
+            # runtime keeps every *API_KEY* variable out of the programs it starts.
+            self._key_var = f"REINFORGE_VERIFIERS_API_KEY_{uuid.uuid4().hex[:12]}"
+            os.environ[self._key_var] = self.server.api_key
+            self._client = vf.TrainClientConfig(base_url=self.server.url, api_key_var=self._key_var,
                                                 renderer_model_name=self.model_dir, renderer=self.renderer)
             # verifiers is asyncio: one loop on a thread for the whole run, the env serving on it
             # (its interception server stays up between steps).
@@ -336,6 +344,8 @@ class VerifiersGenerator(WrappedGenerator):
             _forget_renderers(self.model_dir)
         if self.server is not None:
             self.server.close()
+        if self._key_var is not None:
+            os.environ.pop(self._key_var, None)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
         if base:
@@ -358,14 +368,29 @@ class VerifiersGenerator(WrappedGenerator):
         return vf.ModelContext(model=self.server.model_name, client=self._client, sampling=sampling)
 
     async def _episodes(self, tasks: list, params) -> list:
+        """Every task's verifiers episode. Each agent run's trace is a live episode of the server
+        from the moment verifiers mints it (before its first model call, whose ``X-Session-ID``
+        is the trace id) until the episode ends: the server serves and records only those."""
         ctx = self._context(params)
         gate = asyncio.Semaphore(self.max_concurrent)
+        opened: list[str] = []
+
+        def live(trace) -> None:
+            opened.append(trace.id)
+            self.server.open_episode(trace.id)
+
+        def discarded(trace) -> None:  # a retried agent run: the abandoned attempt's trace
+            self.server.close_episode(trace.id)
 
         async def one(task):
             async with gate:
-                return await self.env.run_episode(task, ctx)
+                return await self.env.run_episode(task, ctx, on_trace=live, on_discard=discarded)
 
-        return list(await asyncio.gather(*(one(t) for t in tasks)))
+        try:
+            return list(await asyncio.gather(*(one(t) for t in tasks)))
+        finally:
+            for trace_id in opened:
+                self.server.close_episode(trace_id)
 
     @torch.no_grad()
     def generate_examples(self, examples: Sequence[Example], params, *, record: bool = False) -> RolloutBatch:
@@ -392,7 +417,7 @@ class VerifiersGenerator(WrappedGenerator):
             example = examples[i // g]
             rows = []
             for trace in vf_episode.traces:
-                rows.extend(self._rows(example, trace, by_session.get(trace.id, generations)))
+                rows.extend(self._rows(example, trace, by_session.get(trace.id, [])))  # its own calls only
             if not rows:  # a failed episode: a row without actions (no gradient), reward 0
                 rows = [self._empty_row(example, vf_episode)]
             episodes.extend(rows)
