@@ -49,7 +49,7 @@ import torch
 from reinforge.agents.endpoint_guard import BoundedHTTPServer, Gate, GuardedHandler, RequestError, number_param
 from reinforge.agents.loop import pad_trajectories
 from reinforge.agents.render import ChatRenderer
-from reinforge.agents.tools import TOOL_CALL, parse_tool_calls
+from reinforge.agents.tools import parse_tool_calls, strip_tool_calls
 from reinforge.batch import RolloutBatch
 from reinforge.rollout.base import SamplingParams
 
@@ -267,7 +267,7 @@ class CompletionServer:
         conv.logprobs += lps
         text = self.tokenizer.decode(sampled, skip_special_tokens=True)
         calls = [c for c in parse_tool_calls(text) if c.error is None]
-        message: dict = {"role": "assistant", "content": TOOL_CALL.sub("", text).strip() if calls else text}
+        message: dict = {"role": "assistant", "content": strip_tool_calls(text).strip() if calls else text}
         if calls:
             message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                                       "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}

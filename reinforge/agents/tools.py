@@ -95,14 +95,28 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every ``<tool_call>...</tool_call>`` in ``text`` (and an unclosed one at its end), in order.
     A call that is not a JSON object with a string ``name`` and an object ``arguments`` is returned
     with ``error`` saying what is wrong."""
-    calls = [_parse_one(m.group(1)) for m in TOOL_CALL.finditer(text)]
-    close = text.rfind("</tool_call>")
-    rest = text[close + len("</tool_call>"):] if close >= 0 else text
+    end = _closed_end(text)
+    calls = [_parse_one(m.group(1)) for m in TOOL_CALL.finditer(text, 0, end)]
+    rest = text[end:]
     opened = rest.find("<tool_call>")
     if opened >= 0:
         calls.append(ToolCall(None, None, rest[opened + len("<tool_call>"):],
                               "the <tool_call> tag is not closed with </tool_call>"))
     return calls
+
+
+def strip_tool_calls(text: str) -> str:
+    """``text`` without its closed ``<tool_call>...</tool_call>`` blocks."""
+    end = _closed_end(text)
+    return TOOL_CALL.sub("", text[:end]) + text[end:]
+
+
+def _closed_end(text: str) -> int:
+    """Where the last ``</tool_call>`` ends (0 if none). The lazy search runs only up to there:
+    from an opener after it, it would scan to the end of the text again for every opener
+    (quadratic on ``"<tool_call>" * n``)."""
+    close = text.rfind("</tool_call>")
+    return close + len("</tool_call>") if close >= 0 else 0
 
 
 def _parse_one(raw: str) -> ToolCall:

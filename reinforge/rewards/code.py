@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reinforge.sandbox import Case, ExecResult, Job, Sandbox, SandboxLimits
+from reinforge.rewards.extract import MAX_PARSE_CHARS
 from reinforge.rewards.verifiers import BatchVerifier, VerifierResult, task_scorer
 from reinforge.tasks.base import Example, Task
 from reinforge.tasks.code_task import CodeProblem
@@ -30,8 +31,11 @@ from reinforge.tasks.code_task import CodeProblem
 CODE_MODES = ("tests", "stdout_answer")
 _PYTHON_LANGS = {"", "python", "py", "python3", "py3", "pycon", "ipython"}
 # An opening fence starts a line; the closing one may end the code's last line ("x = 1```").
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.S | re.M)
-_OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n", re.M)
+# Possessive quantifiers (*+): the info string's parts can only end at the line's end, and letting
+# [ \t]* / [\w+.-]* give characters back to [^\n]* made a fence line with no newline ("```aaa...")
+# quadratic without ever matching anything else.
+_FENCE = re.compile(r"^[ \t]*+```[ \t]*+([\w+.-]*+)[^\n]*+\n(.*?)```", re.S | re.M)
+_OPEN_FENCE = re.compile(r"^[ \t]*+```[ \t]*+([\w+.-]*+)[^\n]*+\n", re.M)
 SOLUTION_FILE = "solution.py"
 
 
@@ -44,11 +48,13 @@ def extract_code(completion: str, entry_point: str | None = None) -> str | None:
       an example call); otherwise the last Python block.
     - A final fence that never closes (the completion was cut off): the text after it.
     - No fence at all: the whole completion (if it is not code, running it fails).
-    Returns None for an empty completion.
+    Returns None for an empty completion. Only the first MAX_PARSE_CHARS characters are read (a
+    block they cut is an unclosed one, as when generation stops).
     """
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(completion)]
-    last_end = 0
+    completion = completion[:MAX_PARSE_CHARS]
+    blocks, last_end = [], 0
     for m in _FENCE.finditer(completion):
+        blocks.append((m.group(1).lower(), m.group(2)))
         last_end = m.end()
     tail = _OPEN_FENCE.search(completion, last_end)
     if tail is not None:  # an opener after the last complete block: truncated
@@ -57,7 +63,10 @@ def extract_code(completion: str, entry_point: str | None = None) -> str | None:
         return completion.strip() or None
     python = [b for lang, b in blocks if lang in _PYTHON_LANGS] or [b for _, b in blocks]
     if entry_point:
-        defines = re.compile(rf"^\s*(async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.M)
+        # Indentation is [^\S\n]* (whitespace but newlines), not \s*: from every line start of a
+        # run of blank lines \s* scanned the whole run again (16384 of them after a fence: 7 s). A
+        # def after blank lines still matches, from its own line's start.
+        defines = re.compile(rf"^[^\S\n]*+(async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.M)
         with_def = [b for b in python if defines.search(b)]
         if with_def:
             return with_def[-1]

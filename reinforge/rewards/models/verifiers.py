@@ -63,9 +63,14 @@ def place_on_tokens(policy_tokenizer, trajectory: Trajectory, char_ends: Sequenc
     out = [0.0] * len(trajectory)
     if not len(trajectory):
         return out
+    # The last action at or before each token, in one pass (walking back from every step end
+    # was quadratic when many steps end inside a long observation).
+    last_action, last = [], -1
+    for i, is_action in enumerate(trajectory.action_mask):
+        last = i if is_action else last
+        last_action.append(last)
     for idx, r in zip(token_ends(policy_tokenizer, trajectory.token_ids, list(char_ends)), rewards):
-        while idx >= 0 and not trajectory.action_mask[idx]:
-            idx -= 1
+        idx = last_action[idx] if idx >= 0 else -1
         if idx >= 0:
             out[idx] += float(r)
     return out
@@ -233,6 +238,9 @@ class ProcessRewardVerifier(RewardModelVerifier):
         return [self.steps.result(p, ends, t, self.policy_tokenizer, {}) for (p, ends), t in zip(scored, trajectories)]
 
 
+# Characters per token at most, generously (text averages ~4; long whitespace tokens ~16).
+_CHARS_PER_TOKEN = 32
+
 DEFAULT_ANSWER_TEMPLATE = ("Question:\n{question}\n\nProposed solution:\n{solution}\n\n"
                            "Is this solution correct? Answer Yes or No.")
 DEFAULT_STEP_TEMPLATE = ("Question:\n{question}\n\nSolution so far:\n{solution}\n\n"
@@ -315,7 +323,10 @@ class JudgeVerifier(RewardModelVerifier):
             spans = self.steps.splitter.spans(text)
             ends.append([b for _, b in spans])
             for _, b in spans:
-                prompts.append(self._question(e, text[:b]))
+                # The judge reads the prompt's last max_length tokens: the solution's last
+                # _CHARS_PER_TOKEN x max_length characters hold them (the whole prefix per step
+                # made building and tokenizing the prompts quadratic in the completion).
+                prompts.append(self._question(e, text[max(0, b - _CHARS_PER_TOKEN * self.max_length):b]))
                 owner.append(i)
         probs = self.verdicts(prompts) if prompts else []
         per: list[list[float]] = [[] for _ in trajectories]
