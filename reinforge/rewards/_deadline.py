@@ -1,12 +1,13 @@
-"""A time limit for a call, in any thread.
+"""A time limit for a call, in any thread (RewardFunction bounds each verifier call with it).
 
-math-verify's own timeouts use signal.alarm, which raises ValueError outside the main thread,
-and reward functions may run in worker threads. So:
 - main thread: SIGALRM via setitimer (nested limits kept on a stack). CPython checks signals even
   inside long C integer arithmetic, so this stops e.g. sympy expanding 9^(9^(9^9)).
 - other threads: a timer thread raises an exception inside the running thread
   (PyThreadState_SetAsyncExc). It takes effect between bytecodes, so it stops runaway Python
-  work (sympy simplification loops) but not one long C call; that is best effort.
+  work (sympy simplification loops) but not one long C call, which also holds the GIL and so
+  stalls every thread of the process (the timer's included): best effort only. Work that can
+  reach such a call on model output runs in a process that is stopped at its limit instead
+  (math-verify: rewards/isolated.py's IsolatedMath).
 """
 
 from __future__ import annotations

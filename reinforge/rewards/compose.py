@@ -281,7 +281,7 @@ class RewardFunction:
 
 _OPTIONS: dict[str, tuple[str, ...]] = {
     "task": ("timeout_s", "memory_mb", "isolation", "workers"),
-    "math_verify": ("timeout_s", "float_rounding", "strict"),
+    "math_verify": ("timeout_s", "float_rounding", "strict", "memory_mb", "isolation", "workers"),
     "exact_match": ("case_sensitive",),
     "format": (),
     "python": ("function",),

@@ -12,6 +12,12 @@ sample gets a ScorerFailure: scored 0, counted as a reward error with its reason
 
     scorer = IsolatedScorer(task)               # shares the process-wide pool of its settings
     scorer.score_batch(answers, examples)       # [float | Exception, ...]
+
+math-verify runs in a pool of its own (IsolatedMath): sympy can spend hours in one integer
+operation (9^(9^9)) that no deadline stops in a thread of this process (it holds the GIL, so
+the whole process stalls); a worker process answers "timeout" at the limit, or is killed.
+
+    IsolatedMath(timeout_s=5).score_batch(answers, references)  # [dict | Exception, ...]
 """
 
 from __future__ import annotations
@@ -79,15 +85,17 @@ def _dataset_key(task: Task) -> tuple:
             task.train_size)
 
 
-@lru_cache(maxsize=1)
-def _package_paths() -> tuple[str, ...]:
-    """The site-packages directories reasoning-gym and its dependencies are imported from; the
-    worker sees them read-only (never the project's source: .pth files are not processed)."""
-    import reasoning_gym
+@lru_cache(maxsize=None)
+def _package_paths(libraries: tuple[str, ...] = ("reasoning_gym",)) -> tuple[str, ...]:
+    """The site-packages directories the libraries (reasoning-gym, math-verify) and their
+    dependencies are imported from; the worker sees them read-only (never the project's source:
+    .pth files are not processed)."""
+    import importlib
 
     paths = []
     candidates = [*site.getsitepackages(), site.getusersitepackages(),
-                  str(Path(reasoning_gym.__file__).resolve().parents[1])]
+                  *(str(Path(importlib.import_module(lib).__file__).resolve().parents[1])
+                    for lib in libraries)]
     for p in candidates:
         p = os.path.realpath(p)
         if os.path.isdir(p) and p not in paths and any(
@@ -106,8 +114,9 @@ class _Worker:
 
     def _start(self) -> None:
         sb = self.pool.sandbox
+        libraries = self.pool.libraries
         argv = [sb.python, "-I", "-S", "-B", "-c", _WORKER.read_text(encoding="utf-8"),
-                os.pathsep.join(inside_path(p) for p in _package_paths())]
+                os.pathsep.join(inside_path(p) for p in _package_paths(libraries)), ",".join(libraries)]
         proc = sb.start(Job(argv, timeout_s=math.inf))
         try:
             line = proc.read_line(_REPLY_CAP, _START_TIMEOUT_S)
@@ -130,7 +139,9 @@ class _Worker:
             self.proc.kill()
             self.proc = None
 
-    def call(self, request: tuple, timeout_s: float) -> float | Exception:
+    def call(self, request: tuple, timeout_s: float | None) -> float | dict | Exception:
+        """The reply to one request: a score (a dict when the worker adds details: math's
+        "unparsed"), or the failure. timeout_s: None waits for ever."""
         if self.proc is None or not self.proc.alive:
             self.kill()
             try:
@@ -155,9 +166,11 @@ class _Worker:
                                     "worker was replaced)")
         reply = _parse_reply(line)
         if "score" in reply and isinstance(reply["score"], (int, float)):
-            return float(reply["score"])
+            return float(reply["score"]) if len(reply) == 1 else {**reply, "score": float(reply["score"])}
         if "error" in reply:
             return ScorerError(str(reply["error"])[:500])
+        if "timeout" in reply:  # the worker stopped the request itself and lives on
+            return self.pool.failed("timeout", str(reply["timeout"])[:200])
         self.kill()
         if "blocked" in reply:
             return self.pool.failed("blocked", "the answer reached code execution in the scorer, "
@@ -181,14 +194,15 @@ class ScorerPool:
     _shared_lock = threading.Lock()
 
     def __init__(self, *, workers: int | None = None, memory_mb: int = 2048,
-                 isolation: str = "full") -> None:
+                 isolation: str = "full", libraries: tuple[str, ...] = ("reasoning_gym",)) -> None:
         # A worker is one process (a few threads); where a memory cgroup exists it bounds the
         # worker's whole footprint, kernel memory included.
         has_cgroup = memory_cgroup("auto")[0] is not None
         limits = SandboxLimits(timeout_s=math.inf, memory_mb=int(memory_mb), max_processes=16,
                                tmpfs_mb=16, max_files=1024,
                                total_memory_mb=int(memory_mb) + 256 if has_cgroup else None)
-        self.sandbox = Sandbox(limits, isolation=isolation, extra_ro_paths=_package_paths())
+        self.libraries = tuple(libraries)
+        self.sandbox = Sandbox(limits, isolation=isolation, extra_ro_paths=_package_paths(self.libraries))
         self.size = int(workers or min(default_workers(), 4))
         if self.size < 1:
             raise ValueError(f"scorer workers must be >= 1, got {workers!r}")
@@ -197,13 +211,14 @@ class ScorerPool:
         self._lock = threading.Lock()
 
     @classmethod
-    def shared(cls, *, workers: int | None, memory_mb: int, isolation: str) -> "ScorerPool":
-        key = (int(workers or min(default_workers(), 4)), int(memory_mb), isolation)
+    def shared(cls, *, workers: int | None, memory_mb: int, isolation: str,
+               libraries: tuple[str, ...] = ("reasoning_gym",)) -> "ScorerPool":
+        key = (int(workers or min(default_workers(), 4)), int(memory_mb), isolation, tuple(libraries))
         with cls._shared_lock:
             pool = cls._shared.get(key)
             if pool is None:
                 pool = cls._shared[key] = cls(workers=workers, memory_mb=memory_mb,
-                                              isolation=isolation)
+                                              isolation=isolation, libraries=libraries)
             return pool
 
     def ensure_started(self) -> None:
@@ -223,7 +238,7 @@ class ScorerPool:
             self.failures[kind] += 1
         return ScorerFailure(kind, message)
 
-    def run(self, requests: Sequence[tuple], timeout_s: float) -> list[float | Exception]:
+    def run(self, requests: Sequence[tuple], timeout_s: float | None) -> list[float | dict | Exception]:
         """Every request on the pool, each worker taking the next one when it is free."""
         results: list[Any] = [None] * len(requests)
         todo = list(range(len(requests)))[::-1]
@@ -294,5 +309,37 @@ class IsolatedScorer:
         return out
 
 
-__all__ = ["EVALUATING_SCORERS", "IsolatedScorer", "ScorerError", "ScorerFailure", "ScorerPool",
-           "needs_isolation"]
+_MATH_GRACE_S = 1.0  # a math worker still silent this long after its own limit is killed
+
+
+class IsolatedMath:
+    """math-verify's verdicts (scorer_worker.math_score), computed in a pool of its own.
+
+    timeout_s: the most one answer may take (None or <= 0: no limit). The worker stops the
+               request at the limit itself and lives on; one that is still silent
+               _MATH_GRACE_S later is killed and replaced. Either way the sample gets a
+               ScorerFailure of kind "timeout".
+    memory_mb, isolation, workers: as IsolatedScorer's. isolation defaults to "best_effort":
+               math-verify runs no model code (the worker's parse_expr never evaluates), the
+               process is here to be stopped, so a machine without namespaces still scores.
+    """
+
+    def __init__(self, *, timeout_s: float | None = 5.0, float_rounding: int = 6,
+                 strict: bool = True, memory_mb: int = 2048, isolation: str = "best_effort",
+                 workers: int | None = None) -> None:
+        self.timeout_s = float(timeout_s) if timeout_s is not None and timeout_s > 0 else None
+        self.options = (int(float_rounding), bool(strict), self.timeout_s)
+        self.pool = ScorerPool.shared(workers=workers, memory_mb=memory_mb, isolation=isolation,
+                                      libraries=("math_verify",))
+        self.pool.ensure_started()
+
+    def score_batch(self, answers: Sequence[str], references: Sequence[str]
+                    ) -> list[dict | Exception]:
+        """One {"score": 1.0 | 0.0[, "unparsed": True]} or failure per answer, in parallel."""
+        requests = [("math", self.options, a, r) for a, r in zip(answers, references)]
+        limit = None if self.timeout_s is None else self.timeout_s + _MATH_GRACE_S
+        return [{"score": r} if isinstance(r, float) else r for r in self.pool.run(requests, limit)]
+
+
+__all__ = ["EVALUATING_SCORERS", "IsolatedMath", "IsolatedScorer", "ScorerError", "ScorerFailure",
+           "ScorerPool", "needs_isolation"]

@@ -1,8 +1,14 @@
-"""A scoring worker: runs third-party scorers (reasoning-gym's score_answer) on model answers
-INSIDE the sandbox, as a long-lived program (``python -I -S -B -c <this text> PATHS``, PATHS the
-read-only site-packages holding reasoning-gym and its dependencies). reinforge/rewards/isolated.py
-starts a pool of these, sends one request at a time and bounds each answer's time; the sandbox
-bounds memory and sees that nothing here can reach the trainer, the host or the network.
+"""A scoring worker: runs third-party scorers (reasoning-gym's score_answer, math-verify) on model
+answers INSIDE the sandbox, as a long-lived program (``python -I -S -B -c <this text> PATHS
+LIBRARIES``, PATHS the read-only site-packages holding the libraries and their dependencies,
+LIBRARIES those to load: reasoning_gym and/or math_verify). reinforge/rewards/isolated.py starts a
+pool of these, sends one request at a time and bounds each answer's time; the sandbox bounds
+memory and sees that nothing here can reach the trainer, the host or the network.
+
+math-verify requests are also timed here, in this process's main thread, where SIGALRM stops even
+one long integer operation (sympy evaluating 9^(9^9)): a late one is answered "timeout" and the
+worker lives on (the trainer still kills one that stays silent). Importing this module (as the
+trainer does for a constant) changes nothing.
 
 Some scorers evaluate the answer text: eval() (string_insertion, spiral_matrix, binary_matrix,
 n_queens, ...) or sympy's parse_expr/sympify (polynomial_multiplication, simple_integration,
@@ -19,8 +25,10 @@ it is answered "blocked" and the worker exits (its state is no longer trusted).
 
 Protocol: requests on stdin, each a decimal length, a newline, then that many bytes of pickle
 (sent by the trusted trainer); answers on stdout, one JSON object per line:
-  {"ready": true} once, then per request {"score": x} | {"error": "Type: message"} |
-  {"blocked": "what"}; {"fatal": "..."} if start-up failed.
+  {"ready": true} once, then per request {"score": x} (math: and "unparsed": true when the answer
+  did not parse) | {"error": "Type: message"} | {"timeout": "message"} | {"blocked": "what"};
+  {"fatal": "..."} if start-up failed. Requests: ("score", dataset key, answer, entry) and
+  ("math", (float_rounding, strict, limit_s or None), answer, reference).
 """
 
 import ast
@@ -29,7 +37,10 @@ import json
 import operator
 import os
 import pickle
+import re
+import signal
 import sys
+from functools import lru_cache
 
 _MAX_RESULT_BITS = 1 << 22  # an integer power or shift past this size is refused, not computed
 
@@ -43,7 +54,7 @@ class Blocked(Exception):
 
 # -- the tripwire ------------------------------------------------------------------------------
 
-_state = {"armed": False, "trusted": 0, "blocked": None, "codegen": frozenset()}
+_state = {"armed": False, "trusted": 0, "blocked": None, "codegen": frozenset(), "timing": False}
 _REFUSED_PREFIXES = ("ctypes.", "socket.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn",
                      "os.fork", "os.system", "pickle.", "code.__new__",
                      "function.__new__")
@@ -348,6 +359,85 @@ def _install_sympy():
     sp.eval_expr = safe_eval_expr
 
 
+# -- math-verify -------------------------------------------------------------------------------
+
+_LATEX_MARKERS = ("$", "\\(", "\\[", "\\boxed")
+# Possessive: "1" * n + "x" would otherwise try every split of the digits (quadratic).
+_SCIENTIFIC = re.compile(r"([+-]?(?:\d++(?:\.\d*+)?|\.\d++))[eE]([+-]?\d++)")
+
+
+@lru_cache(maxsize=1)
+def _math_verify():
+    import math_verify
+    import math_verify.grader
+    import math_verify.parser
+
+    # timeout=None everywhere (their signal timeouts fail off the main thread): the caller
+    # bounds the call, so their "timeout is disabled" warning does not apply.
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify
+
+
+def parse_math(text):
+    """math_verify.parse, with bare text put in $...$ so "1,2", "x+1" or "\\sqrt{2}" parse as
+    LaTeX (unwrapped, "1,2" would read as 1.2), and "2.5e-4" as 2.5 \\times 10^{-4}; falls back to
+    the bare text."""
+    mv = _math_verify()
+    text = text.strip()
+    if not text:
+        return []
+    if any(m in text for m in _LATEX_MARKERS):
+        return mv.parse(text, parsing_timeout=None)
+    sci = _SCIENTIFIC.fullmatch(text)
+    if sci:  # "1e5" would read as 1*e*5
+        text = f"{sci.group(1)}\\times 10^{{{sci.group(2)}}}"
+    parsed = mv.parse(f"${text}$", parsing_timeout=None)
+    return parsed or mv.parse(text, parsing_timeout=None)
+
+
+@lru_cache(maxsize=4096)
+def _parse_reference(text):
+    return tuple(parse_math(text))  # checked against every sample of its group; immutable
+
+
+def math_score(answer, reference, float_rounding=6, strict=True):
+    """(1.0 or 0.0, whether the answer parsed): math-verify's verdict on answer == reference.
+    Unbounded: the caller bounds its time."""
+    gold = list(_parse_reference(reference))
+    if not gold:
+        raise ValueError(f"math-verify cannot parse the reference answer {reference[:80]!r}")
+    pred = parse_math(answer)
+    if not pred:
+        return 0.0, False
+    ok = _math_verify().verify(gold, pred, float_rounding=float_rounding, strict=strict,
+                               timeout_seconds=None)
+    return float(bool(ok)), True
+
+
+class _Late(BaseException):
+    """A math request past its limit (a BaseException: `except Exception` lets it through)."""
+
+
+def _on_alarm(signum, frame):
+    if _state["timing"]:
+        raise _Late()
+
+
+def _math_request(options, answer, reference):
+    float_rounding, strict, limit = options
+    _state["timing"] = bool(limit)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit or 0)
+        score, parsed = math_score(answer, reference, float_rounding, strict)
+    except _Late:
+        return {"timeout": f"no result within {limit:g} s"}
+    finally:
+        _state["timing"] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return {"score": score} if parsed else {"score": score, "unparsed": True}
+
+
 # -- the loop ----------------------------------------------------------------------------------
 
 
@@ -402,13 +492,16 @@ def main():
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
         os.environ[var] = "1"
     os.environ.setdefault("MPLCONFIGDIR", os.getcwd())
+    libraries = sys.argv[2].split(",") if len(sys.argv) > 2 else ["reasoning_gym"]
     ast.parse = _marked_parse
     try:
-        _install_sympy()  # before reasoning-gym's modules import parse_expr by name
-        import reasoning_gym  # noqa: F401 - registers every dataset
-
+        _install_sympy()  # before the libraries' modules import parse_expr by name
+        if "reasoning_gym" in libraries:
+            import reasoning_gym  # noqa: F401 - registers every dataset
+        if "math_verify" in libraries:
+            _math_verify()
+        signal.signal(signal.SIGALRM, _on_alarm)  # math requests' limit
         _state["codegen"] = _codegen_files()
-
         builtins.eval = safe_eval  # after: some modules eval their own constants at import
     except BaseException as e:  # noqa: BLE001
         _send({"fatal": _describe(e)})
@@ -423,15 +516,17 @@ def main():
             return
         kind, key, answer, entry = request
         try:
-            if kind != "score":
+            if kind not in ("score", "math"):
                 raise ValueError(f"unknown request {kind!r}")
-            ds = _dataset(datasets, key)
+            ds = _dataset(datasets, key) if kind == "score" else None
             _state["armed"] = True
             try:
-                score = ds.score_answer(answer=answer, entry=entry)
+                if kind == "math":
+                    reply = _math_request(key, answer, entry)
+                else:
+                    reply = {"score": float(ds.score_answer(answer=answer, entry=entry))}
             finally:
                 _state["armed"] = False
-            reply = {"score": float(score)}
         except BaseException as e:  # noqa: BLE001 - the request's failure, not the worker's
             reply = {"error": _describe(e)}
         del request, answer, entry

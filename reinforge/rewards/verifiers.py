@@ -3,14 +3,12 @@ is used."""
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from reinforge.config.callables import given_callable
-from reinforge.rewards._deadline import call_with_deadline
+from reinforge.rewards._deadline import VerifierTimeout
 from reinforge.rewards.extract import extract_answer, is_well_formed
 from reinforge.tasks.base import Example, Task, normalize_answer
 
@@ -129,50 +127,18 @@ class TaskVerifier(BatchVerifier):
         return out
 
 
-_LATEX_MARKERS = ("$", "\\(", "\\[", "\\boxed")
-_SCIENTIFIC = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))[eE]([+-]?\d+)")
+class MathVerifyVerifier(BatchVerifier):
+    """Symbolic equivalence with math-verify ("1/2" == "0.5" == "\\frac{1}{2}").
 
-
-@functools.lru_cache(maxsize=1)
-def _math_verify():
-    import math_verify
-    import math_verify.grader
-    import math_verify.parser
-
-    # We pass timeout=None (their signal-based timeouts fail outside the main thread) and enforce
-    # our own deadline, so their "timeout is disabled" warning does not apply.
-    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
-    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
-    return math_verify
-
-
-def _parse_math(text: str) -> list:
-    """math_verify.parse, with bare text put in $...$ so "1,2", "x+1" or "\\sqrt{2}" parse as
-    LaTeX (unwrapped, "1,2" would read as 1.2), and "2.5e-4" as 2.5 \\times 10^{-4}; falls back to
-    the bare text."""
-    mv = _math_verify()
-    text = text.strip()
-    if not text:
-        return []
-    if any(m in text for m in _LATEX_MARKERS):
-        return mv.parse(text, parsing_timeout=None)
-    sci = _SCIENTIFIC.fullmatch(text)
-    if sci:  # "1e5" would read as 1*e*5
-        text = f"{sci.group(1)}\\times 10^{{{sci.group(2)}}}"
-    parsed = mv.parse(f"${text}$", parsing_timeout=None)
-    return parsed or mv.parse(text, parsing_timeout=None)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_reference(text: str) -> tuple:
-    # The same reference is checked against every sample of its group; sympy objects are
-    # immutable, so sharing them is safe.
-    return tuple(_parse_math(text))
-
-
-class MathVerifyVerifier:
-    """Symbolic equivalence with math-verify ("1/2" == "0.5" == "\\frac{1}{2}"). Safe in any
-    thread: math-verify's signal timeouts are off and a thread-safe deadline bounds each call."""
+    sympy can spend hours in one integer operation on a short answer (\\boxed{9^{9^{9}}}); no
+    deadline stops that in a thread of this process, and it holds the GIL, stalling every thread.
+    So every answer is scored in a pool of worker processes that stop it at the limit or are
+    killed (isolated.IsolatedMath, docs/sandbox.md), a batch in parallel, from any thread.
+    timeout_s: the most one answer's scoring may take (None or <= 0: no limit); past it the
+               sample is a reward error (VerifierTimeout: scored 0, counted).
+    memory_mb, isolation, workers: the pool's, as the task verifier's (isolation "best_effort"
+               by default: math-verify runs no model code, the process is there to be stopped).
+    """
 
     name = "math_verify"
 
@@ -183,34 +149,49 @@ class MathVerifyVerifier:
         timeout_s: float | None = 5.0,
         float_rounding: int = 6,
         strict: bool = True,
+        memory_mb: int = 2048,
+        isolation: str = "best_effort",
+        workers: int | None = None,
     ) -> None:
+        from reinforge.rewards.isolated import IsolatedMath
+
         self.answer_format = answer_format
         self.timeout_s = timeout_s
         self.float_rounding = float_rounding
         self.strict = strict
+        self.scorer = IsolatedMath(timeout_s=timeout_s, float_rounding=float_rounding,
+                                   strict=strict, memory_mb=memory_mb, isolation=isolation,
+                                   workers=workers)
 
-    def __call__(self, completion: str, example: Example) -> VerifierResult:
-        if example.answer is None:
-            raise ValueError(f"example {example.id} has no reference answer for math_verify")
-        answer = extract_answer(completion, self.answer_format)
-        if answer is None:
-            return VerifierResult(0.0, False, {"extracted": None})
-        return call_with_deadline(lambda: self._verify(answer, example.answer), self.timeout_s)
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]
+                    ) -> list[VerifierResult | Exception]:
+        out: list[VerifierResult | Exception] = []
+        todo: list[tuple[int, str]] = []  # (row, answer) to score in the pool
+        for i, (completion, example) in enumerate(zip(completions, examples)):
+            answer = extract_answer(completion, self.answer_format)
+            if example.answer is None:
+                out.append(ValueError(f"example {example.id} has no reference answer for math_verify"))
+            elif answer is None:
+                out.append(VerifierResult(0.0, False, {"extracted": None}))
+            else:
+                out.append(VerifierResult(0.0, False))  # replaced below
+                todo.append((i, answer))
+        if todo:
+            replies = self.scorer.score_batch([a for _, a in todo], [examples[i].answer for i, _ in todo])
+            for (i, answer), reply in zip(todo, replies):
+                out[i] = self._result(answer, reply)
+        return out
 
-    def _verify(self, answer: str, reference: str) -> VerifierResult:
-        gold = list(_parse_reference(reference))
-        if not gold:
-            raise ValueError(f"math-verify cannot parse the reference answer {reference[:80]!r}")
-        pred = _parse_math(answer)
+    @staticmethod
+    def _result(answer: str, reply: dict | Exception) -> VerifierResult | Exception:
+        if isinstance(reply, Exception):
+            if getattr(reply, "kind", None) == "timeout":  # the pool's ScorerFailure
+                return VerifierTimeout(str(reply).removeprefix("timeout: "))
+            return reply
         details: dict[str, Any] = {"extracted": answer}
-        if not pred:
+        if reply.get("unparsed"):
             details["unparsed"] = True
-            return VerifierResult(0.0, False, details)
-        ok = bool(
-            _math_verify().verify(
-                gold, pred, float_rounding=self.float_rounding, strict=self.strict, timeout_seconds=None
-            )
-        )
+        ok = reply["score"] >= 1.0
         return VerifierResult(float(ok), ok, details)
 
 
