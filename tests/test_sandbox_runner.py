@@ -161,26 +161,35 @@ def test_a_case_sees_only_its_own_input_and_not_earlier_output_in_stdio_mode(sb)
         assert lines == [mark * 50, "-"], lines[-1]
 
 
-def _runner_pid(launcher_marker: bytes, timeout_s: float = 10.0) -> tuple[int, int]:
-    """The runner (the launcher's child, pid 1 inside) and its case child, as host pids."""
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """Host pid -> (parent pid, command line), for every process still there."""
+    procs = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                procs[int(pid)] = (int(stat.rsplit(")", 1)[1].split()[1]),
+                                   Path(f"/proc/{pid}/cmdline").read_bytes())
+            except OSError:
+                continue
+    return procs
+
+
+def _new_runner(before: set[int], timeout_s: float = 10.0) -> int:
+    """The runner (pid 1 inside) of the one launcher this process started since `before`, once
+    its case is running. Other sandboxes of this process (a scoring pool's) are left alone."""
+    marker = sandbox_impl._BOOTSTRAP.encode()[:40]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        procs = {}
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    stat = Path(f"/proc/{pid}/stat").read_text()
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                procs[int(pid)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
-        for pid, (ppid, cmd) in procs.items():
-            if launcher_marker in cmd and launcher_marker in procs.get(ppid, (0, b""))[1]:
-                kids = [p for p, (pp, _) in procs.items() if pp == pid]
-                if kids:
-                    return pid, kids[0]
-        time.sleep(0.02)
-    raise AssertionError("no runner with a running case found")
+        procs = _processes()
+        launchers = [p for p, (pp, cmd) in procs.items()
+                     if pp == os.getpid() and marker in cmd and p not in before]
+        for launcher in launchers:
+            for runner, (pp, _) in procs.items():
+                if pp == launcher and any(kp == runner for kp, _ in procs.values()):
+                    return runner
+        time.sleep(0.01)
+    raise AssertionError("no new runner with a running case found")
 
 
 def test_a_case_that_ends_after_its_limit_fails_whatever_its_exit_status():
@@ -190,9 +199,10 @@ def test_a_case_that_ends_after_its_limit_fails_whatever_its_exit_status():
     code = "import time\ndef f(x):\n    time.sleep(1.3)\n    return x\n"
     job = Job(["unused"], files={"solution.py": code}, cases=_function_cases([[7]]))
     out = {}
+    before = set(_processes())
     worker = threading.Thread(target=lambda: out.setdefault("r", sb.run_job(job)))
     worker.start()
-    runner, _ = _runner_pid(sandbox_impl._BOOTSTRAP.encode()[:40])
+    runner = _new_runner(before)
     os.kill(runner, signal.SIGSTOP)  # from the host: a case itself cannot stop pid 1
     time.sleep(1.6)  # the case exits 0 while its runner is stopped, after its limit
     os.kill(runner, signal.SIGCONT)

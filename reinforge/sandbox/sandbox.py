@@ -28,6 +28,10 @@ logger = logging.getLogger("reinforge.sandbox")
 
 _LAUNCHER = Path(__file__).with_name("launcher.py")
 
+# The launcher's environment: no secret of the trainer's, and the locale a program's interpreter
+# gets (the harness's fork continues the runner's interpreter; without LANG it would run in UTF-8
+# mode, unlike `python solution.py`).
+_LAUNCHER_ENV = {k: _ENV[k] for k in ("PATH", "LANG", "LC_ALL")}
 _probe_lock = threading.Lock()
 _probe_cache: dict[tuple, dict] = {}
 _run_ids = itertools.count()
@@ -244,7 +248,7 @@ class Sandbox:
         try:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE if interactive else subprocess.DEVNULL,
-                stderr=subprocess.PIPE, pass_fds=(status_w, report_w), env={"PATH": _ENV["PATH"]},
+                stderr=subprocess.PIPE, pass_fds=(status_w, report_w), env=_LAUNCHER_ENV,
                 start_new_session=True, bufsize=0,
             )
         except BaseException:
