@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _machine import cpu_model
+from _machine import cpu_line, cpu_model, hardware_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,9 +114,15 @@ def _child(args) -> dict:
                         return getattr(reward_fn, name)
 
                     def __call__(self, *a, **k):
+                        return self._timed(reward_fn, *a, **k)
+
+                    def score(self, *a, **k):  # what the experience source calls
+                        return self._timed(reward_fn.score, *a, **k)
+
+                    def _timed(self, fn, *a, **k):
                         t = time.perf_counter()
                         try:
-                            return reward_fn(*a, **k)
+                            return fn(*a, **k)
                         finally:
                             spent.append(time.perf_counter() - t)
 
@@ -173,10 +179,21 @@ def main() -> None:
                     sys.exit(f"{name} ({tree}) failed:\n{proc.stderr[-3000:]}")
                 raw[name].append(json.loads(line[len("RESULT "):]))
     med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in raw.items()}
+    # Each round ran before then after back to back: the ratio within a round cancels the
+    # machine's drift between rounds.
+    ratios = {}
+    if "before" in raw:
+        for k in raw["after"][0]:
+            pairs = [a[k] / b[k] for a, b in zip(raw["after"], raw["before"]) if b[k]]
+            if pairs:
+                ratios[k] = (statistics.median(pairs), min(pairs), max(pairs))
+    hw = hardware_info()
     record = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": platform.python_version(), "euid": os.geteuid()},
+                    "python": platform.python_version(), "euid": os.geteuid(), "describe": cpu_line(hw),
+                    "capability": hw.get("capability")},
+        "ratios_after_over_before": ratios,
         "trees": {k: str(v) for k, v in trees.items()}, "args": vars(args), "raw": raw, "median": med,
     }
     out = ROOT / "benchmarks" / "results" / "scoring.json"
@@ -198,13 +215,16 @@ def main() -> None:
         ("  of which scoring, ms", "step_leg_counting_reward_s", "{:.2f}", 1000),
     ]
     names = list(trees)
-    print(f"machine: {record['machine']['cpu']}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
-          f"Python {platform.python_version()}; {args.rounds} rounds, medians\n")
-    print("| | " + " | ".join(names) + (" | after / before |" if "before" in med else " |"))
+    print(f"machine: {cpu_line(hw)}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
+          f"Python {platform.python_version()}; {args.rounds} alternating rounds, medians\n")
+    print("| | " + " | ".join(names) + (" | after / before, median of rounds (range) |" if ratios else " |"))
     print("|---" * (len(names) + 1 + ("before" in med)) + "|")
     for label, key, fmt, scale in rows:
         cells = [fmt.format(scale * med[n][key]) for n in names]
-        ratio = f" | {med['after'][key] / med['before'][key]:.2f}x" if "before" in med and med["before"][key] else ""
+        ratio = ""
+        if key in ratios:
+            mid, lo, hi = ratios[key]
+            ratio = f" | {mid:.2f}x ({lo:.2f}-{hi:.2f})"
         print(f"| {label} | " + " | ".join(cells) + ratio + " |")
     print(f"\nreward errors in the training runs: " + ", ".join(
         f"{n}: {med[n]['step_code_errors']:.0f} (code), {med[n]['step_leg_counting_errors']:.0f} (leg_counting)"
