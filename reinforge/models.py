@@ -104,10 +104,33 @@ def resolve_model_path(path: str) -> Path:
     return p
 
 
+# Files that hold a tokenizer transformers can load (a fast tokenizer's JSON, the config that names
+# the class, or a slow tokenizer's vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
 def load_tokenizer(path: str | Path):
+    """The tokenizer saved in the model folder ``path``. A folder without one (weights saved with
+    model.save_pretrained alone) is one ModelLoadError line naming the folder, what it lacks and
+    the fix, and so is a tokenizer that transformers cannot load."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(str(path)), local_files_only=True)
+    folder = resolve_model_path(str(path))
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        held = sorted(p.name for p in folder.iterdir())
+        shown = ", ".join(held[:8]) + (f", ... ({len(held)} files)" if len(held) > 8 else "")
+        raise ModelLoadError(
+            f"the model folder {str(folder)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}; it holds "
+            f"{shown or 'nothing'}): save one into it with "
+            f"AutoTokenizer.from_pretrained(<the model it was made from>).save_pretrained({str(folder)!r})")
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as err:  # transformers raises many types; the folder is what the user can fix
+        raise ModelLoadError(
+            f"could not load the tokenizer in the model folder {str(folder)!r} ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:300]}): save a complete one into it with "
+            f"tokenizer.save_pretrained({str(folder)!r})") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -33,14 +33,14 @@ def make_tokenizer():
     return fast
 
 
-def make_model(tokenizer, *, seed: int = 0, hidden: int = 64, layers: int = 2):
+def make_model(tokenizer, *, seed: int = 0, hidden: int = 64, layers: int = 2, max_positions: int = 512):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, tie_word_embeddings=True,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )

@@ -38,7 +38,7 @@ def runs(tmp_path_factory):
     together they take about as long as the slowest), each with tiny overrides; script -> (process,
     its output folder)."""
     root = tmp_path_factory.mktemp("examples")
-    model = save_tiny_model(root / "model", hidden=32, layers=1)
+    model = save_tiny_model(root / "model", hidden=32, layers=1, max_positions=2048)  # prompts of ~700 char tokens
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = {}
     for script in RECORDED:

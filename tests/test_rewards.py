@@ -252,7 +252,7 @@ def test_raising_verifier_scores_zero_is_counted_and_warned_once(caplog):
     assert outs[0].correct and not outs[1].correct
     assert outs[0].components == {"boom": 0.0, "exact_match": 1.0, "nan": 0.0}
     assert outs[0].errors[0].startswith("boom: RuntimeError: verifier bug")
-    assert outs[0].errors[1].startswith("nan: ValueError: non-finite score")
+    assert outs[0].errors[1].startswith("nan: InvalidScore: non-finite score")
     assert fn.error_count == 6
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2  # one per distinct (verifier, error type)

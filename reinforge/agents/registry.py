@@ -50,7 +50,7 @@ def env_spec(name: str) -> EnvSpec:
     function as the factory (its module may also register further environments)."""
     _register_bundled()
     if ":" in name and name not in ENVS:
-        factory = load_callable(name)
+        factory = load_callable(name, "environment factory")
         return ENVS.get(name) or EnvSpec(name, factory, None, _doc(factory))
     if name not in ENVS:
         raise ValueError(f"env.name={name!r} is not a registered environment; registered: "

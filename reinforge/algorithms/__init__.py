@@ -27,6 +27,7 @@ from reinforge.algorithms.estimators import (
     AdvantageInputs,
     Advantages,
     compute_advantages,
+    is_group_relative,
     register_advantage,
 )
 from reinforge.algorithms.losses import (
@@ -77,6 +78,7 @@ __all__ = [
     "COV_PENALTIES", "OFF_POLICY_CORRECTIONS", "TIS_LEVELS", "Correction", "register_off_policy",
     "off_policy_correction", "mismatch_stats",
     "Needs", "Registry", "needs_of", "register_advantage", "register_policy_loss", "is_advantage_weighted",
+    "is_group_relative",
     "AdvantageInputs", "Advantages", "compute_advantages", "scale_mode",
     "group_normalized_advantages", "leave_one_out_advantages",
     "greedy_baseline_advantages", "reinforce_pp_advantages", "gae_advantages", "passk_advantages",

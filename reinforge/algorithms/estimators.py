@@ -42,18 +42,42 @@ __all__ = [
     "Advantages",
     "register_advantage",
     "compute_advantages",
+    "is_group_relative",
 ]
 
 #: Every advantage estimator, by its ``algorithm.advantage`` name; add one with ``register_advantage``.
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "algorithm.advantage")
 
 
-def register_advantage(name: str, *, needs: Needs = Needs()):
+#: Estimators that compare a prompt's samples with each other (a group mean or leave-one-out
+#: baseline, pass@k over the group): with one sample per prompt their advantages are all exactly 0,
+#: so the config refuses them with rollout.num_samples=1.
+_GROUP_RELATIVE: set[str] = set()
+
+
+def register_advantage(name: str, *, needs: Needs = Needs(), group_relative: bool = False):
     """Decorator: register ``fn(inputs: AdvantageInputs) -> Advantages`` as the advantage
     estimator ``name`` (then ``algorithm.advantage=name`` is accepted), declaring what it needs
     beyond the scalar rewards (``Needs(critic=True)``, ``Needs(token_rewards=True)``, ...).
-    ``compute_advantages`` checks that the declared inputs are given before calling it."""
-    return ADVANTAGE_ESTIMATORS.register(name, needs=needs)
+    ``compute_advantages`` checks that the declared inputs are given before calling it.
+    ``group_relative``: it compares each sample with the other samples of its prompt, so it needs
+    at least two per prompt (``rollout.num_samples >= 2``, checked when the config is validated)."""
+    register = ADVANTAGE_ESTIMATORS.register(name, needs=needs)
+
+    def add(fn):
+        register(fn)
+        if group_relative:
+            _GROUP_RELATIVE.add(name)
+        else:
+            _GROUP_RELATIVE.discard(name)
+        return fn
+
+    return add
+
+
+def is_group_relative(name: str) -> bool:
+    """Whether the advantage estimator ``name`` was registered as group-relative."""
+    return name in _GROUP_RELATIVE
 
 
 @dataclass(frozen=True)
@@ -171,13 +195,13 @@ def compute_advantages(estimator: str, inputs: AdvantageInputs) -> Advantages:
 # --------------------------------------------------------------------------- the registered estimators
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", group_relative=True)
 def grpo_estimator(x: AdvantageInputs) -> Advantages:
     """Group-relative (GRPO / Dr. GRPO / Lite PPO per ``scale``): :func:`group_normalized_advantages`."""
     return Advantages(group_normalized_advantages(x.sequence_rewards(), x.group_index, scale=x.scale, eps=x.eps))
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", group_relative=True)
 def rloo_estimator(x: AdvantageInputs) -> Advantages:
     """Leave-one-out baseline: :func:`leave_one_out_advantages`."""
     return Advantages(leave_one_out_advantages(x.sequence_rewards(), x.group_index, scale=x.scale, eps=x.eps))
@@ -202,7 +226,7 @@ def reinforce_pp_estimator(x: AdvantageInputs) -> Advantages:
     return Advantages(reinforce_pp_advantages(x.per_token_rewards(), x.mask, gamma=x.gamma))
 
 
-@register_advantage("reinforce_pp_baseline", needs=Needs(token_rewards=True))
+@register_advantage("reinforce_pp_baseline", needs=Needs(token_rewards=True), group_relative=True)
 def reinforce_pp_baseline_estimator(x: AdvantageInputs) -> Advantages:
     """Group-mean baseline on the sequence return, then batch whitening."""
     return Advantages(reinforce_pp_advantages(x.per_token_rewards(), x.mask, gamma=x.gamma, group_index=x.group_index))
@@ -220,7 +244,7 @@ def gae_estimator(x: AdvantageInputs) -> Advantages:
     return Advantages(adv.to(out), returns.to(out))
 
 
-@register_advantage("passk", needs=Needs(correctness=True))
+@register_advantage("passk", needs=Needs(correctness=True), group_relative=True)
 def passk_estimator(x: AdvantageInputs) -> Advantages:
     """The pass@k objective's advantages from correctness: :func:`passk_advantages`."""
     return Advantages(passk_advantages(x.correct, x.group_index, x.passk_k, eps=x.eps))

@@ -1,10 +1,11 @@
 """`reinforge train / recipes / eval / sweep / compare / runs / reproduce` command line.
 
-Only the standard library and the run-directory helpers are imported with this module: the
-config (and with it torch) loads inside :func:`main`, after SIGTERM and Ctrl-C are handled, so a
-stop during the imports ends with one line instead of a traceback. The handler modules imported
-here (train.py, eval.py, runs.py, common.py) keep to the same rule: they import everything heavy
-inside their functions, and none of them imports this package.
+Only the standard library, the run-directory helpers and the stop handling (lifecycle/stopping.py)
+are imported with this module: the config (and with it torch) loads inside :func:`main`, after
+SIGTERM, SIGHUP and Ctrl-C are handled, so a stop during the imports ends with one line instead of
+a traceback. The handler modules imported here (train.py, eval.py, runs.py, common.py, exits.py)
+keep to the same rule: they import everything heavy inside their functions, and none of them
+imports this package.
 """
 
 from __future__ import annotations
@@ -16,34 +17,49 @@ import sys
 import threading
 from pathlib import Path
 
+from ..lifecycle.stopping import detach_lost_terminal, handled_signals
 from ..tracking.io import DiskFullError
 from ..tracking.lock import RunLockedError
 from .common import _split_items  # noqa: F401  (re-exported)
 from .eval import _eval
+from .exits import end_process, stopped_code
 from .runs import _compare, _reproduce, _runs, _sweep
 from .train import _recipes, _sft, _train, _train_rm
 
 
+# Handled from the start, as Ctrl-C is: a cluster's stop and a closed terminal or ssh session.
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 def _terminate_as_interrupt(signum, frame):
+    if signum == getattr(signal, "SIGHUP", None):
+        detach_lost_terminal()  # writing to a terminal that hung up fails (EIO)
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line. SIGTERM is treated as Ctrl-C from the start (a training run then stops as
-    reinforge/lifecycle/stopping.py says); a stop before a run began prints one line, no traceback."""
-    previous = None
+    """The command line. SIGTERM and SIGHUP are treated as Ctrl-C from the start (a training run
+    then stops as reinforge/lifecycle/stopping.py says); a stop before a run began prints one line,
+    no traceback. The exit status says how it ended (reinforge/cli/exits.py): called with no
+    ``argv`` (the `reinforge` command), a stop by a signal ends the process by that signal."""
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        previous = {sig: signal.signal(sig, _terminate_as_interrupt) for sig in handled_signals(_STOP_SIGNALS)}
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt as stop:  # the trainer handles its own; this is before it began, or another command
+        name = stop.args[0] if stop.args else "SIGINT"
         words = list(sys.argv[1:] if argv is None else argv)
-        when = " during start-up; nothing was trained" if words[:1] == ["train"] else ""
-        print(f"reinforge: stopped by {stop.args[0] if stop.args else 'SIGINT'}{when}", file=sys.stderr)
-        return 130
+        when = " during start-up; nothing was trained" if words[:1] in (["train"], ["sft"]) else ""
+        try:
+            print(f"reinforge: stopped by {name}{when}", file=sys.stderr)
+        except OSError:  # the terminal is gone
+            pass
+        code = stopped_code(name)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return end_process(code) if argv is None else code
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -110,7 +126,7 @@ def _main(argv: list[str] | None = None) -> int:
     except DiskFullError as err:  # one line: what filled up, what is intact (the status says failed)
         print(f"reinforge: {err.strerror}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError, RuntimeError) as err:
+    except (FileNotFoundError, ValueError, RuntimeError, FloatingPointError) as err:  # (the NaN guard's stop)
         print(f"reinforge: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
 

@@ -208,7 +208,9 @@ def _eval(args: argparse.Namespace) -> int:
         if created:
             from ..tracking.sampled_evals import sampled_eval_labels
 
-            if sampled_eval_labels(rd):
+            if sampled_eval_labels(rd) and isinstance(err, KeyboardInterrupt):  # a stop signal, named by the CLI
+                rd.set_status("interrupted", signal=err.args[0] if err.args else "SIGINT")
+            elif sampled_eval_labels(rd):
                 rd.set_status("failed", reason=f"{type(err).__name__}: {err}")
             else:  # nothing was evaluated (bad task options, a missing model): leave no empty directory
                 shutil.rmtree(rd.path, ignore_errors=True)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .common import _split_items
+from .exits import stopped_code
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -47,6 +48,8 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"  failed: {name}: {why}")
     if outcome.interrupted or outcome.failed:
         print(f"run `reinforge sweep {targets[0]}` again to resume")
+        if outcome.interrupted:  # the exit status of the signal that stopped it (cli/exits.py)
+            return stopped_code(RunDir.open(spec.output_dir / outcome.interrupted).status().get("signal"))
         return 1
     print(f"compare them with: reinforge compare {spec.output_dir}")
     return 0
@@ -127,6 +130,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         stop = segments[i + 1].from_step - 1 if i + 1 < len(segments) else None
         trainer.stop_after_step = stop
         result = trainer.run()
+        if result.stopped_by:  # a signal: the run said how to resume it
+            return stopped_code(result.stopped_by)
         if stop is not None and result.steps_done != stop:
             raise RuntimeError(f"replaying segment {i + 1} of {original.path} ended at step {result.steps_done}, "
                                f"not at step {stop} where the next segment resumed")

@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .exits import stopped_code
+
 
 def _train(args: argparse.Namespace) -> int:
     from ..config import ConfigError, load_config
@@ -35,10 +37,12 @@ def _train(args: argparse.Namespace) -> int:
     try:
         result = trainer.run()
     except KeyboardInterrupt as stop:  # only a stop during start-up gets here (lifecycle/stopping.py)
+        name = stop.args[0] if stop.args else "SIGINT"
         hint = f" Resume with: reinforge train --resume {args.resume}" if args.resume else ""
-        print(f"reinforge: stopped by {stop.args[0] if stop.args else 'SIGINT'} during start-up; nothing was "
-              f"trained.{hint}", file=sys.stderr)
-        return 130
+        _say(f"reinforge: stopped by {name} during start-up; nothing was trained.{hint}")
+        return stopped_code(name)
+    if result.stopped_by:  # the run said how it stopped and how to resume (trainer/outcome.py)
+        return stopped_code(result.stopped_by)
     print(f"run directory: {result.run_dir}")
     summary_md = Path(result.run_dir) / "summary.md"
     if result.summary and summary_md.is_file():
@@ -66,7 +70,15 @@ def _train_rm(args: argparse.Namespace) -> int:
         trainer = RewardModelTrainer(RMRunConfig.from_dict(rd.load_config(), args.overrides), run_dir=rd, resume=True)
     else:
         trainer = RewardModelTrainer(load_rm_config(args.config, args.overrides))
-    path = trainer.run()
+    try:
+        path = trainer.run()
+    except KeyboardInterrupt as stop:  # train-rm stops at once; the labels made so far are kept
+        name = stop.args[0] if stop.args else "SIGINT"
+        if trainer.run_dir is None or not (trainer.run_dir.path / "config.yaml").is_file():
+            raise  # nothing was written: the command line's one line says it
+        _say(f"reinforge: stopped by {name}; the labels made so far are kept. Resume with: reinforge train-rm "
+             f"--resume {trainer.run_dir.path}")
+        return stopped_code(name)
     print(f"run directory: {path}\nreward model: {path / 'final_model'}")
     return 0
 
@@ -91,11 +103,20 @@ def _sft(args: argparse.Namespace) -> int:
             raise ConfigError("--new-segment applies to --resume RUN_DIR (a run continued under a changed config)")
         runner = SFTRunner(load_config(args.config, args.overrides))
     result = runner.run()
+    if result.stopped_by:  # the runner said how it stopped and how to resume
+        return stopped_code(result.stopped_by)
     print(f"run directory: {result.run_dir}")
     if result.finished:
         print((Path(result.run_dir) / "summary.md").read_text())
         print(f"start RL from it with: reinforge train CONFIG model.path={Path(result.run_dir) / 'final_model'}")
     return 0
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr)
+    except OSError:  # a terminal that hung up (SIGHUP): status.json says the same
+        pass
 
 
 def _recipes(args: argparse.Namespace) -> int:

@@ -209,6 +209,14 @@ class AlgorithmConfig(_Section):
                              f"{tuple(self.icepop_band)}")
         return self
 
+    @field_validator("cov_bounds")
+    @classmethod
+    def _cov_window(cls, v: tuple[float, float]) -> tuple[float, float]:
+        # a window with lower > upper selects no token: Clip-Cov would silently do nothing
+        if v[0] > v[1]:
+            raise ValueError(f"algorithm.cov_bounds={list(v)}: needs lower <= upper (the paper's window: [1, 5])")
+        return v
+
     @field_validator("scale_rewards", mode="before")
     @classmethod
     def _scale_mode(cls, v: Any) -> Any:

@@ -23,4 +23,6 @@ def _rename_key(data, old: str, new: str):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No section has a use for inf or NaN (YAML's .inf/.nan): a learning rate of inf passes `gt=0`
+    # and a NaN threshold compares false with everything, so both would reach the run.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import _rename_key, _Section
 
@@ -136,6 +136,14 @@ class LearnerConfig(_Section):
     def _renamed_keys(cls, data):
         return _rename_key(data, "warmup_steps", "lr_warmup_steps")
 
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        # AdamW itself refuses them only when the optimiser is built, after the model loaded.
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"learner.betas={list(v)}: each must lie in [0, 1), e.g. [0.9, 0.99]")
+        return v
+
 
 class EnvConfig(_Section):
     """Multi-turn agents (docs/agents.md): each trajectory is a conversation with an environment
@@ -185,7 +193,8 @@ class TrainerConfig(_Section):
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (0: never).")
     eval_at_start: bool = Field(True, description="Evaluate the untrained model before step 1.")
     eval_max_prompts: int | None = Field(
-        None, description="Evaluate on at most this many held-out prompts (None: all)."
+        None, ge=1, description="Evaluate on at most this many held-out prompts (None: all). To "
+        "evaluate never, set eval_every=0 and eval_at_start=false instead."
     )
     checkpoint_every: int = Field(10, ge=0, description="Checkpoint every N steps (0: end only).")
     keep_checkpoints: int = Field(
@@ -195,8 +204,8 @@ class TrainerConfig(_Section):
     )
     stop_grace_s: float = Field(
         20.0, ge=0,
-        description="After the first Ctrl-C or SIGTERM (what Slurm, Kubernetes and Ray send before "
-        "killing), the step under way may take this many seconds to finish; past them a step still "
+        description="After the first Ctrl-C, SIGTERM (what Slurm, Kubernetes and Ray send before "
+        "killing) or SIGHUP (a closed terminal or ssh session), the step under way may take this many seconds to finish; past them a step still "
         "generating or scoring is abandoned (the run goes back to the state before it) and the "
         "checkpoint is written. Keep it below your scheduler's kill timeout (Slurm's KillWait and "
         "Kubernetes' terminationGracePeriodSeconds are 30 s by default) minus a checkpoint's write "
@@ -206,8 +215,8 @@ class TrainerConfig(_Section):
     max_consecutive_nan: int = Field(
         3, ge=1, description="Stop the run after this many non-finite losses in a row."
     )
-    seed: int = Field(0, description="Seed of sampling, prompt order and initialisation.")
-    num_threads: int | None = Field(None, description="torch CPU threads (None: torch's default).")
+    seed: int = Field(0, ge=0, description="Seed of sampling, prompt order and initialisation (a non-negative integer).")
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
 
 
 class ScaleConfig(_Section):

@@ -12,7 +12,7 @@ STRATEGIES = ("epochs", "difficulty_filter", "greso", "reinforce_ada", "difficul
 
 
 class MixtureEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     task: dict[str, Any] = Field(
         ..., description="Keys of the `task` section for this task (e.g. {name: leg_counting, options: "
@@ -28,7 +28,7 @@ class CurriculumConfig(BaseModel):
     """Which prompts a step trains on and how many samples each gets (docs/curricula.md).
     ``algorithm.dynamic_sampling`` (DAPO) stays where it is; it applies with strategy=epochs."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     strategy: Literal[STRATEGIES] = Field(
         "epochs",

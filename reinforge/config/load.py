@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from ..recipes import RECIPES
 from .base import ConfigError
 from .callables import name_callables
+from .textfile import read_utf8
 from .run import RunConfig
 
 
@@ -74,7 +75,14 @@ def recipe_preset(name: str) -> dict[str, Any]:
     return copy.deepcopy(RECIPES[name].preset)
 
 
+# Errors about a value's range or kind: the message says what is accepted, and "(got X)" is added.
+_RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number",
+                 "int_parsing", "int_from_float", "float_parsing", "bool_parsing", "literal_error")
+
+
 def _format_validation_error(err: ValidationError) -> str:
+    """One line for one problem ("invalid config: trainer.steps: Input should be greater than 0 (got
+    0)"), else one line per problem under "invalid config:"."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
@@ -83,10 +91,14 @@ def _format_validation_error(err: ValidationError) -> str:
             section = _section_for(loc.rsplit(".", 1)[0] if "." in loc else "")
             accepted = ", ".join(section.model_fields) if section else "?"
             msg = f"unknown key; accepted keys here: {accepted}"
-        elif e["type"] == "literal_error":
+        elif e["type"] in _RANGE_ERRORS:
             msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"  {loc or '<root>'}: {msg}")
-    return "invalid config:\n" + "\n".join(lines)
+        elif e["type"] == "value_error" and e.get("ctx", {}).get("error") is not None:
+            msg = str(e["ctx"]["error"])  # our own message, which names its keys, without "Value error, "
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    if len(lines) == 1:
+        return f"invalid config: {lines[0]}"
+    return "invalid config:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def _section_for(loc: str) -> type[BaseModel] | None:
@@ -139,7 +151,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, *,
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = yaml.safe_load(read_utf8(p, "config file", ConfigError)) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
         if not isinstance(raw, dict):

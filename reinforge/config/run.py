@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from ..algorithms import needs_of
+from ..algorithms import ADVANTAGE_ESTIMATORS, is_group_relative, needs_of
 from ..recipes import RECIPES
 from .algorithm import AlgorithmConfig, CriticConfig
 from .base import _Section
@@ -134,6 +134,38 @@ class RunConfig(_Section):
             raise ValueError(
                 f"algorithm.mini_batches={algo.mini_batches} splits prompt groups, so it must be "
                 f"<= trainer.prompts_per_step={self.trainer.prompts_per_step}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_sample_per_prompt(self) -> "RunConfig":
+        """rollout.num_samples=1 with an algorithm that compares a prompt's samples trains on
+        advantages that are all 0 (a gradient norm of exactly 0 at every step) or unscaled."""
+        algo, n = self.algorithm, self.rollout.num_samples
+        if n >= 2:
+            return self
+        if is_group_relative(algo.advantage):
+            plain = [a for a in ("reinforce_pp", "remax", "gae") if a in ADVANTAGE_ESTIMATORS]
+            raise ValueError(
+                f"rollout.num_samples=1 with algorithm.advantage={algo.advantage}: it compares each sample with "
+                "the other samples of its prompt, so with one sample every advantage is 0 and nothing is learned; "
+                f"set rollout.num_samples >= 2, or use an estimator without a group baseline "
+                f"(algorithm.advantage={' / '.join(plain)}, e.g. recipe=remax or recipe=reinforce_pp)"
+            )
+        if algo.advantage == "remax" and algo.scale_rewards == "group":  # the one other reader of the group std
+            raise ValueError(
+                "rollout.num_samples=1 with algorithm.scale_rewards=group: a group of one sample has no std to "
+                "divide by (the advantages would be scaled by 1/eps); set algorithm.scale_rewards=none or batch, "
+                "or rollout.num_samples >= 2"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _truncation_single_turn(self) -> "RunConfig":
+        if self.task.truncate_prompts != "off" and self.env is not None:
+            raise ValueError(
+                f"task.truncate_prompts={self.task.truncate_prompts} cuts single-turn prompts; a multi-turn "
+                "environment (env) builds its own conversation: set task.truncate_prompts=off"
             )
         return self
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import _Section
 
@@ -59,6 +59,19 @@ class TaskConfig(_Section):
     train_size: int = Field(5000, gt=0, description="Number of training prompts.")
     eval_size: int = Field(200, gt=0, description="Number of held-out prompts, never trained on.")
     seed: int = Field(0, description="Seed of the data generation and of the train/held-out split.")
+    truncate_prompts: Literal["off", "left"] = Field(
+        "off",
+        description="A prompt (chat template, system prompt and few-shot turns included) whose tokens "
+        "plus rollout.max_new_tokens exceed the model's context (its max_position_embeddings) is "
+        "refused before training, with its example id and the numbers ('off'). 'left' cuts the "
+        "start of each such prompt, training and held-out, so that it fits; how many prompts and "
+        "tokens were cut is printed when the run starts. Single-turn runs (not env).",
+    )
+
+    @field_validator("truncate_prompts", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false
 
     @model_validator(mode="after")
     def _file_needs_path(self) -> "TaskConfig":
@@ -123,5 +136,13 @@ class RewardConfig(_Section):
         1.0,
         description="A sample counts as correct (accuracy) when the 'task'/'math_verify'/"
         "'exact_match' correctness score reaches this value; partial credit does not count.",
+    )
+    max_abs_score: float = Field(
+        1e6, gt=0,
+        description="The largest |score| (and |token reward|) a verifier may return. A score that is not a "
+        "finite real number within it (a string such as \"0.75\", None, NaN, 1e39) is a reward error: that "
+        "verifier scores 0 for the sample, and the error is counted in the step's reward_errors and logged "
+        "with its reason. True/False count as 1/0. It keeps one runaway score from swamping a group's "
+        "advantages or overflowing float32.",
     )
     hacking_guard: HackingGuardConfig = Field(default_factory=HackingGuardConfig)

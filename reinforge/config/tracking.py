@@ -102,6 +102,14 @@ class TrackingConfig(_Section):
         None, description="Name of the sweep this run belongs to (set by `reinforge sweep`)."
     )
 
+    @field_validator("run_name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        if v is not None and (v in ("", ".", "..") or "/" in v or "\\" in v):
+            raise ValueError(f"tracking.run_name={v!r} must be a plain folder name (no '/', not '.' or '..'); "
+                             "the folder it goes in is tracking.output_dir")
+        return v
+
     @field_validator("exporters")
     @classmethod
     def _exporters_installed(cls, v: list[str]) -> list[str]:

@@ -122,7 +122,11 @@ def collect_runs(
         if key in seen:
             continue
         seen.add(key)
-        status = rd.status()
+        try:  # a damaged run is left out, named with its file and fix; the others are still compared
+            status, records, cfg, label = rd.status(), rd.read_evals(), rd.load_config(), segment_label(rd)
+        except ValueError as err:
+            skipped.append((str(rd.path), f"damaged: {err}"))
+            continue
         if status.get("kind", "train") != "train":
             continue  # an eval directory of a bare model: not a training run
         if status.get("reproduces"):
@@ -132,16 +136,14 @@ def collect_runs(
         if state != "finished" and not include_unfinished:
             skipped.append((str(rd.path), f"state {state} (pass --include-unfinished to use its last evaluation)"))
             continue
-        evals = [e for e in rd.read_evals()
+        evals = [e for e in records
                  if isinstance(e.get(metric), (int, float)) and math.isfinite(e[metric]) and "step" in e]
         if not evals:
             skipped.append((str(rd.path), f"no held-out evaluation with {metric!r} in evals.jsonl"))
             continue
         by_step = {int(e["step"]): float(e[metric]) for e in evals}  # a re-run step keeps its last value
         steps = sorted(by_step)
-        cfg = rd.load_config()
         flat = flatten_config(cfg)
-        label = segment_label(rd)
         if label is not None:
             flat["segments"] = json.dumps(label)
         guard = {int(e["step"]): e["guardrails"] for e in evals if isinstance(e.get("guardrails"), dict)}

@@ -194,6 +194,9 @@ class Guardrails:
     candidates_per_source: int = CANDIDATES_PER_SOURCE
     train_prior_scored: int = TRAIN_PRIOR_SCORED
     _cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
+    # (candidate, prompt id) pairs whose scoring was a reward error (a verifier raised or returned
+    # no valid score): counted as not correct, and reported, since they say nothing either way.
+    _errors: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     @classmethod
     def build(cls, task: "Task", reward_fn: Any, reward_cfg: Any, *, seed: int = 0,
@@ -229,6 +232,8 @@ class Guardrails:
                                       [e for _, e in chunk])
             for (c, e), o in zip(chunk, outcomes):
                 self._cache[(c, e.id)] = bool(o.correct)
+                if getattr(o, "errors", None):
+                    self._errors.add((c, e.id))
         return np.array([[self._cache[(c, e.id)] for e in examples] for c in candidates], dtype=bool).reshape(
             len(candidates), len(examples))
 
@@ -247,11 +252,12 @@ class Guardrails:
             out += [a for a in _top(counter, self.candidates_per_source) if a not in out]
         return out
 
-    def _train_prior(self, examples: Sequence["Example"]) -> tuple[np.ndarray, dict[str, Any]]:
+    def _train_prior(self, examples: Sequence["Example"]) -> tuple[np.ndarray, dict[str, Any], int]:
         """Per prompt: the probability that a random training answer is correct for it. The most
         frequent training answers are scored by the reward function; the rarer rest (each a small
         share) are counted correct where they equal the prompt's gold answer after normalisation,
-        so equivalent forms among them are missed (a slight underestimate)."""
+        so equivalent forms among them are missed (a slight underestimate). Also returns how many
+        scorings were made (info's reward_errors: how many of them failed)."""
         counts = Counter(_norm(a) for a in self._load_train_answers() if a.strip())
         total = sum(counts.values())
         scored = [a for a in _top(counts, self.train_prior_scored) if len(a) <= MAX_CANDIDATE_CHARS]
@@ -267,7 +273,8 @@ class Guardrails:
         top = _top(counts, 1)[0]
         return q, {"train_answers": total, "distinct_train_answers": len(counts),
                    "scored_share": sum(counts[a] for a in scored) / total, "top_train_answer": top,
-                   "top_train_share": counts[top] / total}
+                   "top_train_share": counts[top] / total,
+                   "reward_errors": self._failed(scored, examples)}, len(scored) * len(examples)
 
     # -- the record of one evaluation
 
@@ -309,20 +316,37 @@ class Guardrails:
             record["best_constant"] = {"applicable": False, "reason": "no gold or model answer to try as a constant"}
         else:
             matrix = self._correct_matrix(candidates, examples)
-            acc = matrix.mean(axis=1)
-            best = int(np.argmax(acc))  # first of the ties: the most frequent source's order
-            diff = paired_bootstrap_diff(matrix[best].astype(float), model_acc, **boot)
-            record["best_constant"] = {
-                "applicable": True, "answer": candidates[best], "accuracy": float(acc[best]),
-                "n_candidates": len(candidates), "model_minus": _diff_fields(diff)}
+            failed = self._failed(candidates, examples)
+            if failed == matrix.size:  # an accuracy of 0 here would be a claim nothing measured
+                record["best_constant"] = _unmeasured(failed, "constant answers")
+            else:
+                acc = matrix.mean(axis=1)
+                best = int(np.argmax(acc))  # first of the ties: the most frequent source's order
+                diff = paired_bootstrap_diff(matrix[best].astype(float), model_acc, **boot)
+                record["best_constant"] = {
+                    "applicable": True, "answer": candidates[best], "accuracy": float(acc[best]),
+                    "n_candidates": len(candidates), "model_minus": _diff_fields(diff), "reward_errors": failed}
         if not self._load_train_answers():
             record["train_prior"] = {"applicable": False, "reason": "the training examples have no gold answers"}
         else:
-            q, info = self._train_prior(examples)
-            diff = paired_bootstrap_diff(q, model_acc, **boot)
-            record["train_prior"] = {"applicable": True, "accuracy": float(q.mean()), **info,
-                                     "model_minus": _diff_fields(diff)}
+            q, info, tried = self._train_prior(examples)
+            if tried and info["reward_errors"] == tried:
+                record["train_prior"] = _unmeasured(tried, "training answers")
+            else:
+                diff = paired_bootstrap_diff(q, model_acc, **boot)
+                record["train_prior"] = {"applicable": True, "accuracy": float(q.mean()), **info,
+                                         "model_minus": _diff_fields(diff)}
         return record, per_prompt
+
+    def _failed(self, candidates: Sequence[str], examples: Sequence["Example"]) -> int:
+        """How many of the candidates' scorings on these prompts were reward errors."""
+        return sum((c, e.id) in self._errors for c in candidates for e in examples)
+
+
+def _unmeasured(failed: int, what: str) -> dict[str, Any]:
+    return {"applicable": False, "reward_errors": failed,
+            "reason": f"the reward function gave no valid score: all {failed} scorings of {what} were reward errors, "
+                      "see the run's reward_errors and the logged reason"}
 
 
 def _diff_fields(diff: dict[str, Any]) -> dict[str, Any]:

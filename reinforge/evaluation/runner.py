@@ -100,6 +100,7 @@ def greedy_heldout_eval(
     rewards = [o.reward for o in outcomes]
     summary = accuracy_summary(correct, rewards, seed=seed)
     summary["completion_length"] = float(lengths.float().mean())
+    summary["reward_errors"] = int(sum(len(o.errors) for o in outcomes))  # scored 0: accuracy is a floor
     per_prompt = [
         {"id": e.id, "answer": e.answer, "completion": t, "correct": c, "reward": r}
         for e, t, c, r in zip(examples, texts, correct, rewards)
@@ -201,7 +202,11 @@ def load_policy(config: "RunConfig", source: ModelSource):
 
     cfg_model = config.model.model_copy(update={"gradient_checkpointing": False})
     base_path = resolve_model_path(source.model_path)
+    # The tokenizer first: a folder without one fails in one line before any weights load.
     tok_path = base_path
+    if source.kind == "final" and _has_tokenizer(source.run.final_model_dir):
+        tok_path = source.run.final_model_dir
+    tokenizer = load_tokenizer(tok_path)
     if source.kind == "base":
         model = load_model(cfg_model.model_copy(update={"lora": None}), path=base_path)
     elif source.kind == "final":
@@ -213,8 +218,6 @@ def load_policy(config: "RunConfig", source: ModelSource):
             model = PeftModel.from_pretrained(base, str(final))
         else:
             model = load_model(cfg_model.model_copy(update={"lora": None}), path=final)
-        if _has_tokenizer(final):
-            tok_path = final
     else:
         from safetensors.torch import load_file
 
@@ -230,7 +233,6 @@ def load_policy(config: "RunConfig", source: ModelSource):
         with torch.no_grad():
             for name, value in weights.items():
                 params[name].copy_(value)
-    tokenizer = load_tokenizer(tok_path)
     model.eval()
     return model, tokenizer
 

@@ -178,18 +178,26 @@ def guardrail_lines(record: dict[str, Any], *, base_record: dict[str, Any] | Non
     const, prior = record["best_constant"], record["train_prior"]
     if const.get("applicable"):
         lines.append(f"- best constant answer: `{_short(const['answer'])}` scores {const['accuracy']:.3f} "
-                     f"(best of {const['n_candidates']} candidates, scored by the reward's verifiers); "
-                     f"model minus it {_fmt_diff(const['model_minus'])}")
+                     f"(best of {const['n_candidates']} candidates, scored by the reward's verifiers"
+                     f"{_errors_note(const)}); model minus it {_fmt_diff(const['model_minus'])}")
     else:
         lines.append(f"- best constant answer: not applicable ({const.get('reason')})")
     if prior.get("applicable"):
         lines.append(f"- answering with the training answers' distribution: {prior['accuracy']:.3f} expected "
                      f"accuracy ({prior['distinct_train_answers']} distinct answers in {prior['train_answers']} "
                      f"training examples, most common `{_short(prior['top_train_answer'])}` "
-                     f"{prior['top_train_share']:.1%}); model minus it {_fmt_diff(prior['model_minus'])}")
+                     f"{prior['top_train_share']:.1%}{_errors_note(prior)}); model minus it "
+                     f"{_fmt_diff(prior['model_minus'])}")
     else:
         lines.append(f"- training answers' distribution: not applicable ({prior.get('reason')})")
     return lines
+
+
+def _errors_note(baseline: dict[str, Any]) -> str:
+    """Scorings of a baseline that were reward errors count as wrong: said, so a low baseline is not
+    taken for a measured one."""
+    n = baseline.get("reward_errors") or 0
+    return f"; {n} scorings were reward errors, counted as wrong" if n else ""
 
 
 def verdict_lines(verdict: dict[str, Any]) -> list[str]:

@@ -67,9 +67,11 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     keep: int = 2,
     rng: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` (``rng`` defaults to the RNG states now) and keep the
-    ``keep`` newest. On a full disk the partial folder is removed and DiskFullError raised."""
+    ``keep`` newest. ``extra``: more state, each ``name`` as ``name.pt`` (an asynchronous run's
+    rollouts sampled ahead). On a full disk the partial folder is removed and DiskFullError raised."""
     root = checkpoint_root(run_path)
     final = root / checkpoint_name(step)
     tmp = root / f".tmp-{checkpoint_name(step)}"
@@ -80,6 +82,8 @@ def save_checkpoint(
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "weights.safetensors"))
         _torch_save(optimizer_state, tmp / "optimizer.pt")
         _torch_save(rng if rng is not None else rng_state(), tmp / "rng.pt")
+        for name, obj in (extra or {}).items():
+            _torch_save(obj, tmp / f"{name}.pt")
         files = {f.name: file_digest(f) for f in sorted(tmp.iterdir())}
         # state.json last: its presence marks the folder complete (tracking.checkpoints lists it).
         (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, **trainer_state, "files": files}, indent=1))
@@ -159,8 +163,9 @@ def remove_partial_checkpoints(run_path: Path) -> list[str]:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """The checkpoint's state, weights, optimiser and RNG states. A file that cannot be read
-    raises DamagedCheckpointError naming it (call ``verify_checkpoint`` first to check digests)."""
+    """The checkpoint's state, weights, optimiser and RNG states, and under ``extra`` the other
+    ``*.pt`` files ``save_checkpoint`` wrote by name. A file that cannot be read raises
+    DamagedCheckpointError naming it (call ``verify_checkpoint`` first to check digests)."""
     path = Path(path)
 
     def read(name: str, load):
@@ -176,4 +181,31 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         "weights": read("weights.safetensors", lambda p: load_file(str(p))),
         "optimizer": read("optimizer.pt", lambda p: torch.load(p, weights_only=False)),
         "rng": read("rng.pt", lambda p: torch.load(p, weights_only=False)),
+        "extra": {f.stem: read(f.name, lambda p: torch.load(p, weights_only=False))
+                  for f in sorted(path.glob("*.pt")) if f.name not in ("optimizer.pt", "rng.pt")},
     }
+
+
+class NonFiniteLossError(FloatingPointError):
+    """``trainer.max_consecutive_nan`` updates in a row were skipped for a non-finite loss or
+    gradient; the message says which checkpoint a resume would start from, or that none exists."""
+
+
+def non_finite_stop(run_path: Path, streak: int, step: int, *, lr_key: str, resume: str,
+                    checkpoint_key: str = "trainer.checkpoint_every") -> NonFiniteLossError:
+    """The error that ends a run after ``streak`` non-finite losses up to ``step``: what is true of
+    its checkpoints (a run with trainer.checkpoint_every=0 has none before its last step), and the
+    fix. A plain resume would compute the same non-finite losses again, so it names a change."""
+    first = step - streak + 1
+    head = (f"{streak} consecutive non-finite losses (steps {first}-{step}; those updates were skipped, so the "
+            f"weights are step {first - 1}'s)")
+    ckpts = list_checkpoints(run_path)
+    if ckpts:
+        saved, path = ckpts[-1]
+        return NonFiniteLossError(
+            f"{head}; the latest checkpoint is {path.name} (step {saved}): lower {lr_key} (or learner.grad_clip), "
+            f"then `{resume} --new-segment {lr_key}=<lower value>`")
+    return NonFiniteLossError(
+        f"{head}; no checkpoint was written ({checkpoint_key} is 0 or larger than {step}), so there is "
+        f"nothing to resume from: start the run again with a lower {lr_key} (or learner.grad_clip), and "
+        f"{checkpoint_key} set to have checkpoints to resume from")

@@ -23,7 +23,10 @@ one whose files match the sizes and SHA-256 digests recorded in its ``state.json
 (reinforge/tracking/checkpoints.py). A damaged newer one is named (which file, how) and skipped;
 the steps after the checkpoint used are dropped from the logs and trained again, exactly. With no
 intact checkpoint left, or a damaged line in the run's logs, the resume is refused with the fix
-(:class:`DamagedCheckpointError`): a run never silently starts over from step 0.
+(:class:`DamagedCheckpointError`): a run never silently starts over from step 0. Every other file
+the continued run depends on is read first too (status.json, config.yaml, segments.json, the
+evaluation details; tracking/validate.py), so a damaged one is one line before anything loads, and
+records lost while the checkpoint is intact (a truncated metrics.jsonl) are a warning naming them.
 
 The changes are printed before anything loads. Every accepted change is recorded, with the step it
 took effect, in the run directory's segments.json (reinforge/tracking/segments.py); config.yaml
@@ -65,6 +68,7 @@ from ..tracking.segments import (
     read_segments,
     record_resume,
 )
+from ..tracking.validate import check_records, check_run_files
 
 __all__ = ["FREE_KEYS", "FIXED_KEYS", "ResumeRefused", "ResumePlan", "change_kind", "resume_config", "plan_resume",
            "record_segment", "EVAL_KEYS", "choose_checkpoint", "check_logs",
@@ -181,6 +185,9 @@ def plan_resume(run_dir: RunDir, config: RunConfig, *, new_segment: bool = False
     loads; print the changes to ``out`` (default: stderr). Raises ResumeRefused naming every
     refused key."""
     out = out if out is not None else sys.stderr
+    # Every file the continued run depends on is read now, so a damaged one is one line before
+    # anything loads (tracking/validate.py), not a raw error after the model has loaded.
+    check_run_files(run_dir)
     # Against the recorded history, not config.yaml alone: a hand edit of config.yaml is a change.
     saved = read_segments(run_dir)[-1].config
     try:  # options added since the run was made read as their defaults, not as changes
@@ -189,6 +196,7 @@ def plan_resume(run_dir: RunDir, config: RunConfig, *, new_segment: bool = False
         pass
     check_logs(run_dir)
     step, ckpt = choose_checkpoint(run_dir, out=out)
+    check_records(run_dir, step, out=out)  # the records kept up to that checkpoint
     changes = [Change(k, a, b, change_kind(k, a, b)) for k, a, b in config_changes(saved, config.to_dict())]
     plan = ResumePlan(run_dir.path, step, changes, new_segment, ckpt)
     print(plan.describe(), file=out)

@@ -1,7 +1,8 @@
-"""Stopping a run on Ctrl-C or SIGTERM without losing it.
+"""Stopping a run on Ctrl-C, SIGTERM or SIGHUP without losing it.
 
 Clusters stop jobs with SIGTERM and a kill timeout (Slurm, Kubernetes and Ray send SIGTERM, then
-SIGKILL 30 s later by default); a person stops one with Ctrl-C. Both are handled alike:
+SIGKILL 30 s later by default); a person stops one with Ctrl-C; a closed terminal or ssh session
+sends SIGHUP (the commonest way a long run dies). All three are handled alike:
 
 - **during start-up** (config, model load, restore): the first signal stops at once with one
   line; nothing was trained, the status says "interrupted".
@@ -25,6 +26,11 @@ arrives during one long native call (a backward pass) would wait for it to retur
 thread reads the signal from ``signal.set_wakeup_fd`` as soon as it arrives and, if the handler
 has not run within half a second, says at once that the stop is coming.
 
+After a SIGHUP the terminal is usually gone, and every write to it fails with EIO, which would turn
+the orderly stop into a crash: :func:`detach_lost_terminal` points standard output and error at
+/dev/null first (status.json records how the run ended and the resume command). A process started
+under ``nohup`` ignores SIGHUP, and keeps ignoring it: it was asked to outlive its terminal.
+
 The controller only sets flags and raises exceptions from the signal handler; the trainer marks
 where a step may be abandoned (:meth:`StopControl.abandonable`) and where it must not be
 interrupted (:meth:`StopControl.critical`).
@@ -32,6 +38,7 @@ interrupted (:meth:`StopControl.critical`).
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -40,9 +47,40 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["StopControl", "StepAbandoned", "StartupInterrupted", "STOP_SIGNALS"]
+__all__ = ["StopControl", "StepAbandoned", "StartupInterrupted", "STOP_SIGNALS", "detach_lost_terminal",
+           "handled_signals"]
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+
+
+def detach_lost_terminal() -> list[int]:
+    """Point file descriptors 1 and 2 at /dev/null where they are a terminal that hung up (its
+    ioctls fail with EIO, as every write does); returns those moved. A live terminal (a SIGHUP
+    sent by hand), a pipe or a file is left as it is."""
+    try:
+        import termios
+    except ImportError:  # no terminals to lose (Windows)
+        return []
+    moved = []
+    for fd in (1, 2):
+        try:
+            termios.tcgetattr(fd)
+            continue  # a live terminal
+        except termios.error as err:
+            if err.args[0] != errno.EIO:  # not a terminal (ENOTTY), or closed (EBADF)
+                continue
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+        moved.append(fd)
+    return moved
+
+
+def handled_signals(signals) -> list:
+    """``signals`` less a SIGHUP this process ignores: under ``nohup`` (or ``trap '' HUP``) the
+    run was asked to outlive its terminal, and does."""
+    hup = getattr(signal, "SIGHUP", None)
+    return [s for s in signals if not (s == hup and signal.getsignal(s) == signal.SIG_IGN)]
 
 
 class StepAbandoned(BaseException):
@@ -78,10 +116,10 @@ class StopControl:
     # -- installation --------------------------------------------------------------------------
     @contextmanager
     def installed(self) -> Iterator["StopControl"]:
-        """Handle SIGINT and SIGTERM inside the block (a no-op outside the main thread, where
-        Python cannot install handlers)."""
+        """Handle SIGINT, SIGTERM and SIGHUP inside the block (a no-op outside the main thread, where
+        Python cannot install handlers; SIGHUP stays ignored where it is, see :func:`handled_signals`)."""
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in handled_signals(STOP_SIGNALS):
                 self._saved[sig] = signal.signal(sig, self._on_signal)
             self._start_watcher()
         try:
@@ -128,6 +166,8 @@ class StopControl:
                     if signum == signal.SIGTERM and timer_seen < self._timer_sent:
                         timer_seen += 1
                         continue  # the grace timer's own wake-up
+                    if signum == getattr(signal, "SIGHUP", None):
+                        detach_lost_terminal()  # before anything else writes to a terminal that is gone
                     received += 1
                     deadline = time.monotonic() + 0.5
                     while self._handled < received and time.monotonic() < deadline:
@@ -184,10 +224,15 @@ class StopControl:
 
     # -- the handler ---------------------------------------------------------------------------
     def _say(self, text: str) -> None:
-        print(f"\nreinforge: {text}", file=self._out if self._out is not None else sys.stderr, flush=True)
+        try:
+            print(f"\nreinforge: {text}", file=self._out if self._out is not None else sys.stderr, flush=True)
+        except OSError:  # a terminal that went away: the stop goes on, status.json says it
+            pass
 
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        if signum == getattr(signal, "SIGHUP", None):
+            detach_lost_terminal()
         if self._grace_over and signum == signal.SIGTERM and self._timer_fired.is_set():
             self._timer_fired.clear()  # the grace timer's own wake-up, not a second signal
             if self._phase == "abandonable":
@@ -202,7 +247,7 @@ class StopControl:
                 self._abort_after_critical = True
                 self._say(f"{name} again: stopping as soon as the checkpoint being written is complete")
                 return
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(name)
         self.requested, self.signal_name = True, name
         again = "Ctrl-C" if signum == signal.SIGINT else name
         if self.grace_s > 0:

@@ -27,6 +27,7 @@ from ..evaluation.verdict import (
 )
 from ..tracking import RunDir
 from ..tracking.segments import Segment, read_segments
+from ..tracking.validate import missing_steps, step_ranges
 from .resume import EVAL_KEYS, _under
 
 __all__ = ["write_run_summary", "eval_regime_start"]
@@ -84,9 +85,13 @@ def write_run_summary(run_dir: RunDir, *, recipe: str, task_name: str, model_pat
     metrics = rd.read_metrics()
     segments = read_segments(rd)
     last_step = max((int(m["step"]) for m in metrics if "step" in m), default=0)
+    # Steps 1..last were trained; a step without a record lost it (metrics.jsonl truncated or deleted
+    # before a resume): counted as trained and named, never left out of the count silently.
+    missing = missing_steps(metrics, last_step)
     summary: dict[str, Any] = {
         "run_dir": str(rd.path),
-        "steps": len(metrics),
+        "steps": last_step,
+        **({"steps_without_metrics": missing} if missing else {}),
         "wall_time_s_this_session": wall_time,
         "train_time_s": float(sum(m.get("time_step", 0.0) for m in metrics)),
         "tokens_per_s": float(np.mean([m["tokens_per_s"] for m in metrics])) if metrics else math.nan,
@@ -95,7 +100,10 @@ def write_run_summary(run_dir: RunDir, *, recipe: str, task_name: str, model_pat
         summary["segments"] = [{"from_step": s.from_step, "changes": [c.to_dict() for c in s.changes]}
                                for s in segments]
     lines = [f"# Run {rd.name}", "", f"recipe `{recipe}`, task `{task_name}`, model `{model_path}`, "
-             f"{len(metrics)} steps", ""]
+             f"{last_step} steps", ""]
+    if missing:
+        lines[-2] += (f" (metrics.jsonl has no record of step(s) {step_ranges(missing)}: the file was truncated or "
+                      "deleted before a resume, and train_time_s counts the logged steps only)")
     start, changed_by = eval_regime_start(segments)
     steps = [s for s in rd.eval_steps() if s >= start]
     pairs: list[tuple[dict, dict]] = []

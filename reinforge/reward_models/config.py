@@ -11,6 +11,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from reinforge.config import ConfigError, RunConfig, _Section, apply_overrides, build_config
+from reinforge.config.textfile import read_utf8
 from reinforge.rewards.models.verifiers import AGGREGATES
 
 
@@ -88,7 +89,10 @@ def load_rm_config(path: str | Path | None, overrides: list[str] | None = None) 
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
-        raw = yaml.safe_load(p.read_text()) or {}
+        try:
+            raw = yaml.safe_load(read_utf8(p, "config file", ConfigError)) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {' '.join(str(err).split())}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections")
     return RMRunConfig.from_dict(raw, overrides)

@@ -112,8 +112,11 @@ class RewardModelTrainer:
             rd.set_status("running")
             self._run()
         except BaseException as err:
-            rd.set_status("failed" if isinstance(err, Exception) else "interrupted", reason=f"{type(err).__name__}: {err}",
-                          resume=f"reinforge train-rm --resume {rd.path}")
+            resume = f"reinforge train-rm --resume {rd.path}"
+            if isinstance(err, KeyboardInterrupt):  # a stop signal (the command line's handler names it)
+                rd.set_status("interrupted", signal=err.args[0] if err.args else "SIGINT", resume=resume)
+            else:
+                rd.set_status("failed", reason=f"{type(err).__name__}: {err}", resume=resume)
             raise
         finally:
             rd.release_writer()

@@ -4,7 +4,6 @@ them, token rewards), then length shaping: the score phase of a training step.""
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -12,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from reinforge.batch import RolloutBatch, Trajectory
+from reinforge.config.base import ConfigError
 from reinforge.rewards._deadline import call_with_deadline
+from reinforge.rewards.score_check import (
+    DEFAULT_MAX_ABS_SCORE,
+    FLOAT32_MAX,
+    InvalidScore,
+    checked_score,
+    checked_token_rewards,
+)
 from reinforge.rewards.shaping import LengthShaping
 from reinforge.rewards.verifiers import (
     ExactMatchVerifier,
@@ -103,6 +110,10 @@ class RewardFunction:
     timeout_s:         time limit of one verifier call (any thread); over it, the call is an error.
     shaping:           length shaping added to the reward in ``score`` (DAPO's soft overlong
                        punishment), or None.
+    max_abs_score:     the largest |score| (and |token reward|) a verifier may return. A score that
+                       is not a finite real number within it (a string, None, NaN, 1e39) is a
+                       reward error like a raise: that component scores 0 and the error is counted
+                       with its reason (rewards/score_check.py).
 
     A verifier with a ``score_batch(completions, examples)`` method (the code verifier, which runs
     a batch in parallel) is called once per batch instead; it returns one VerifierResult or
@@ -120,6 +131,7 @@ class RewardFunction:
         correct_threshold: float = 1.0,
         timeout_s: float | None = 30.0,
         shaping: LengthShaping | None = None,
+        max_abs_score: float = DEFAULT_MAX_ABS_SCORE,
     ) -> None:
         if not verifiers:
             raise ValueError("a reward function needs at least one verifier")
@@ -127,6 +139,7 @@ class RewardFunction:
         self.correct_threshold = correct_threshold
         self.timeout_s = timeout_s
         self.shaping = shaping
+        self.max_abs_score = float(max_abs_score)
         self.error_count = 0
         self._warned: set[tuple[str, str]] = set()
         self._entries: list[tuple[str, Verifier, float, bool]] = []
@@ -240,17 +253,13 @@ class RewardFunction:
                     result = call_with_deadline(lambda: verifier(trajectory, example), self.timeout_s)
                 else:
                     result = call_with_deadline(lambda: verifier(completion, example), self.timeout_s)
-                score = float(result.score)
-                if not math.isfinite(score):
-                    raise ValueError(f"non-finite score {score}")
+                score = checked_score(result.score, self.max_abs_score)
                 token_rewards = getattr(result, "token_rewards", None)
                 if token_rewards is not None:
-                    token_rewards = [float(x) for x in token_rewards]
+                    token_rewards = checked_token_rewards(token_rewards, self.max_abs_score)
                     n = len(trajectory) if trajectory is not None else None
                     if n is None or len(token_rewards) != n:
                         raise ValueError(f"{len(token_rewards)} token rewards for a trajectory of {n} tokens")
-                    if not all(math.isfinite(x) for x in token_rewards):
-                        raise ValueError("non-finite token reward")
             except Exception as err:  # noqa: BLE001 - a verifier bug must not stop the batch
                 errors.append(self._record_error(key, err, example))
                 components[key] = 0.0
@@ -264,6 +273,12 @@ class RewardFunction:
             if judges:
                 verdict = result.correct
                 correct = correct or bool(score >= self.correct_threshold if verdict is None else verdict)
+        if abs(reward) > FLOAT32_MAX or (token is not None and any(abs(t) > FLOAT32_MAX for t in token)):
+            # bounded scores times huge weights: the reward tensor (float32) would hold inf
+            errors.append(self._record_error("reward", InvalidScore(
+                f"the weighted sum {reward:g} overflows float32: lower reward.verifiers' weights or "
+                "reward.max_abs_score"), example))
+            reward, token, correct = 0.0, None, False
         return RewardOutcome(reward=reward, correct=correct, components=components, errors=errors, token_rewards=token)
 
     def _record_error(self, key: str, err: Exception, example: Example) -> str:
@@ -318,7 +333,10 @@ def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task
         if "function" not in options:
             raise ValueError(f"reward.verifiers[{i}].options.function is required for the python "
                              "verifier, e.g. 'my_rewards:score' or 'rewards.py:score'")
-        return PythonVerifier(options["function"])
+        try:
+            return PythonVerifier(options["function"])
+        except ConfigError as err:  # one line: the file, its line and the fix
+            raise ConfigError(f"reward.verifiers[{i}].options.function: {err}") from None
     if name == "code":
         from reinforge.rewards.code import CodeVerifier  # the sandbox probe runs only when asked
 
@@ -349,4 +367,5 @@ def build_reward(cfg: "RewardConfig", task: Task, *, max_new_tokens: int | None 
             "accuracy will read 0"
         )
     shaping = LengthShaping.from_config(cfg, max_new_tokens) if max_new_tokens is not None else None
-    return RewardFunction(verifiers, CORRECTNESS_VERIFIERS, correct_threshold=cfg.correct_threshold, shaping=shaping)
+    return RewardFunction(verifiers, CORRECTNESS_VERIFIERS, correct_threshold=cfg.correct_threshold, shaping=shaping,
+                          max_abs_score=cfg.max_abs_score)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from reinforge.config.callables import given_callable
+from reinforge.config.callables import load_callable as _load_callable
 from reinforge.rewards._deadline import VerifierTimeout
 from reinforge.rewards.extract import extract_answer, is_well_formed
 from reinforge.tasks.base import Example, Task, normalize_answer
@@ -15,7 +15,9 @@ from reinforge.tasks.base import Example, Task, normalize_answer
 
 @dataclass
 class VerifierResult:
-    """score: the verifier's reward, usually in [0, 1]. correct: whether the answer is right
+    """score: the verifier's reward, usually in [0, 1]; a finite real number within
+    reward.max_abs_score (bool counts as 1/0), or the sample is a reward error
+    (rewards/score_check.py). correct: whether the answer is right
     (None for verifiers that do not judge correctness, e.g. format).
 
     token_rewards: optional dense rewards, one per token of the trajectory after the prompt
@@ -230,45 +232,19 @@ class FormatVerifier:
         return VerifierResult(float(is_well_formed(completion, self.answer_format)), None)
 
 
-def load_callable(target: str):
+def load_callable(target: str, what: str = "reward function"):
     """``package.module:function`` or ``path/to/file.py:function`` (``Class.method`` qualnames
-    too); a function this process gave the config as an object is that object
-    (reinforge/config/callables.py)."""
-    import importlib
-    import importlib.util
-    from pathlib import Path
-
-    given = given_callable(target)
-    if given is not None:
-        return given
-    if ":" not in target:
-        raise ValueError(f"function {target!r} must look like 'module:function' or 'file.py:function'")
-    module_name, attr = target.rsplit(":", 1)
-    if module_name.endswith(".py"):
-        path = Path(module_name).expanduser()
-        if not path.is_file():
-            raise ValueError(f"reward function file {str(path)!r} does not exist")
-        spec = importlib.util.spec_from_file_location(f"reinforge_user_reward_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise ValueError(f"cannot import module {module_name!r} for reward function {target!r}: {err}") from None
-    fn = module
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-    if not callable(fn):
-        raise ValueError(f"{target!r}: module {module_name!r} has no callable {attr!r}")
-    return fn
+    too); a function this process gave the config as an object is that object. A file that cannot
+    be loaded is one line naming it, its line and the fix (reinforge/config/callables.py)."""
+    return _load_callable(target, what)
 
 
 class PythonVerifier:
     """A user's own reward function, ``fn(completion, example) -> float | VerifierResult``, loaded
     from a module or file the user trusts (it runs in the trainer's process; model-written code
     never does). A float counts as correct when it reaches reward.correct_threshold; return a
-    VerifierResult to give the verdict explicitly."""
+    VerifierResult to give the verdict explicitly. What it returns is checked, not converted: a
+    string such as "0.75", None or 1e39 is a reward error (RewardFunction, score_check.py)."""
 
     name = "python"
 
@@ -280,4 +256,4 @@ class PythonVerifier:
         out = self.fn(completion, example)
         if isinstance(out, VerifierResult):
             return out
-        return VerifierResult(float(out))
+        return VerifierResult(out)  # checked (not float()-converted) where it is scored

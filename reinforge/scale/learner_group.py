@@ -73,12 +73,14 @@ def _init(backend: str, init_method: str, rank: int, world: int, timeout_s: floa
 
 
 def _follow_parent() -> None:
-    """Signals are the trainer's to handle: a terminal's Ctrl-C and Slurm's SIGTERM reach every
-    process, and the trainer finishes or abandons its step (every rank takes part) before it stops
-    the ranks. A rank whose trainer is gone (SIGKILL) exits by itself."""
+    """Signals are the trainer's to handle: a terminal's Ctrl-C, the SIGHUP of a closed terminal or
+    ssh session and Slurm's SIGTERM reach every process, and the trainer finishes or abandons its
+    step (every rank takes part) before it stops the ranks. A rank whose trainer is gone (SIGKILL)
+    exits by itself."""
     parent = os.getppid()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -88,12 +90,26 @@ def _follow_parent() -> None:
     threading.Thread(target=watch, name="reinforge-parent-watch", daemon=True).start()
 
 
+def _no_named_semaphores() -> None:
+    """tqdm makes a multiprocessing lock for its first progress bar (transformers' "Loading
+    weights"): in a spawned process that is a named semaphore, registered with the trainer's
+    resource tracker and unlinked by the rank's exit handlers. A rank killed with SIGKILL never runs
+    them, and the tracker warned "There appear to be 1 leaked semaphore objects" when the run ended.
+    A rank's bars have no other process to coordinate with: a thread lock does."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - transformers depends on tqdm
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def _rank_main(cfg, rank: int, world: int, init_method: str, model_path: str, device: str, backend: str,
                timeout_s: float, report) -> None:
     """A learner rank > 0: build the replica, report ready (or the error), then run rank 0's calls."""
     import torch.distributed as dist
 
     _follow_parent()
+    _no_named_semaphores()
     try:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)

@@ -13,10 +13,11 @@ after each update. Between the two, this class keeps the workers busy:
   ``in flight + waiting < (v + 1 + K - s) * prompts_per_step``. A worker receives the weights
   before the requests issued after them (an actor runs its calls in order), so a request issued
   under version ``v`` samples with ``v`` or newer. K = 0 is the synchronous loop.
-- **Streaming.** Results are taken as they finish (``ray.wait``, no barrier over workers); each
-  one is observed by the curriculum and its kept groups queue for the learner. A step takes
-  ``prompts_per_step`` queued groups; one older than K versions at that step is dropped and
-  counted (``stale_dropped_groups``); extra groups wait for the next step.
+- **Streaming.** Results are taken as they finish (``ray.wait``, no barrier over workers; of those
+  finished, the oldest request's first, so one worker's are taken in order); each one is observed
+  by the curriculum and its kept groups queue for the learner. A step takes ``prompts_per_step``
+  queued groups; one older than K versions at that step is dropped and counted
+  (``stale_dropped_groups``); extra groups wait for the next step.
 - **In-flight updates** (``rollout.partial``, PipelineRL arXiv:2509.19128). Weights go to a
   worker's own thread (a Ray concurrency group) and the decode loop loads them between two tokens;
   a request waits for the weights published before it was issued (``min_version``), so the bound
@@ -25,6 +26,8 @@ after each update. Between the two, this class keeps the workers busy:
 - **Faults.** A worker that dies is started again, given the current weights, and sent its
   unfinished requests again under the same keys; a request's result is taken once (by id), so no
   sample is lost or counted twice (``worker_restarts``).
+- **Checkpoints.** ``checkpoint_state`` gives what the requests sampled ahead depend on, and
+  ``load_state`` takes it back on resume (``replay``), so an asynchronous run resumes exactly.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from ..rewards import Scores, concat_scores
 from ..rollout import SamplingParams
 from ..tasks import Example
 from ..tracking.io import atomic_write_json
+from . import reaper, replay
 from .worker import RolloutRequest, RolloutResult, RolloutWorker
 
 MAX_RESTARTS = 3  # per worker, per run
@@ -118,6 +122,7 @@ class RayExperienceSource:
                  weights: dict[str, torch.Tensor], version: int, run_path: Path | None = None):
         self.ray = import_ray()
         self.owns_cluster = connect(cfg.scale)
+        self._reaper = self._watch_cluster(cfg.scale)
         self.cfg = cfg
         self.examples, self.encode, self.curriculum, self.pad_id = examples, encode, curriculum, pad_id
         self.run_path = run_path
@@ -154,6 +159,11 @@ class RayExperienceSource:
         self._last_gather_end: float | None = None
         self._info: dict[str, float] = {}
         self._taken_now = 0  # groups the step being gathered has taken (they still use its budget)
+        # A resume's replay (replay.py): results that arrived before the checkpoint, taken first,
+        # and requests sent again once the checkpoint's weights are published.
+        self._ready: deque[tuple[RolloutRequest, RolloutResult]] = deque()
+        self._reissue: list[RolloutRequest] = []
+        self._snapshot: replay.Snapshot | None = None  # taken when the gather under way began
         # A worker decoding with a bf16 copy gets bf16 weights: half the bytes through the object
         # store, and the same values (its copy rounds fp32 to bf16 on load either way).
         self._ship_dtype = (torch.bfloat16 if cfg.rollout.backend == "hf"
@@ -165,6 +175,18 @@ class RayExperienceSource:
         self._started = time.time()  # busy fractions are of the time after start-up
         # Nothing is requested before the first gather: a resume restores the curriculum first.
         self.publish(weights, version, issue=False)
+
+    def _watch_cluster(self, scale):
+        """A local cluster this run started dies with it, even after a SIGKILL (reaper.py)."""
+        if not (self.owns_cluster and not scale.ray_address and sys.platform.startswith("linux")):
+            return None
+        try:
+            return reaper.watch(self.ray.get_runtime_context().get_session_name())
+        except OSError as err:  # the run goes on; only a SIGKILL of it would leave Ray's agents running
+            print(f"reinforge: warning: the watchdog of the local Ray cluster (reinforge/scale/reaper.py) did not "
+                  f"start ({err}): if this run is killed, Ray's agents may outlive it by a minute; to manage the "
+                  "cluster yourself, `ray start --head` and set scale.ray_address=auto", file=sys.stderr)
+            return None
 
     # -- workers -----------------------------------------------------------------------------
     def _start(self, w: _WorkerSlot) -> None:
@@ -209,6 +231,9 @@ class RayExperienceSource:
         for w in self.workers:
             self._send_weights(w)
         self._info["weight_sync_s"] = time.perf_counter() - t0
+        reissue, self._reissue = self._reissue, []
+        for req in reissue:  # a resume's requests issued under these weights: sampled again
+            self._send(req)
         if issue:
             self._top_up()
 
@@ -216,6 +241,7 @@ class RayExperienceSource:
     def _outstanding_groups(self) -> int:
         """Groups in flight, queued, or already taken by the step being gathered."""
         return (sum(len(r.indices) for _, r in self._refs.values()) + sum(c.groups for c in self.queue)
+                + sum(len(r.indices) for r, _ in self._ready) + sum(len(r.indices) for r in self._reissue)
                 + self._taken_now)
 
     def _top_up(self) -> None:
@@ -229,21 +255,35 @@ class RayExperienceSource:
             req = RolloutRequest(self._next_id, (slot, self._rounds[slot]), [self.encode(e) for e in examples],
                                  examples, indices, self.sampling, min_version=self.version)
             self._next_id += 1
-            w = min(self.workers, key=lambda s: len(s.inflight))
-            w.inflight[req.id] = req
             self.issued.append(req.id)
             self.request_groups[req.id] = len(indices)
             self._state_before[req.id] = state_before
-            self._refs[w.handle.rollout.remote(req)] = (w, req)
+            self._send(req)
+
+    def _send(self, req: RolloutRequest) -> None:
+        w = min(self.workers, key=lambda s: len(s.inflight))
+        w.inflight[req.id] = req
+        self._refs[w.handle.rollout.remote(req)] = (w, req)
 
     def _next_result(self) -> RolloutResult:
-        """The next finished request (whichever worker), restarting workers that died."""
+        """The next finished request (whichever worker), restarting workers that died; a resume's
+        results that arrived before its checkpoint first."""
+        if self._ready:
+            req, result = self._ready.popleft()
+            self.completed.append(req.id)
+            self._result_request = req
+            return result
         while True:
             if not self._refs:
                 raise RuntimeError("no rollout request is in flight: the staleness budget is empty "
                                    f"(version {self.version}, {self.steps_taken} steps gathered)")
-            ready, _ = self.ray.wait(list(self._refs), num_returns=1)
-            ref = ready[0]
+            refs = list(self._refs)
+            ready, _ = self.ray.wait(refs, num_returns=1)
+            # Of the results ready now, the oldest request's (ray.wait picks any): one worker
+            # finishes its requests in the order they were issued, so then the order results are
+            # taken in, and what a step trains on, does not depend on timing.
+            ready = self.ray.wait(refs, num_returns=len(refs), timeout=0)[0] or ready
+            ref = min(ready, key=lambda r: self._refs[r][1].id)
             w, req = self._refs[ref]
             try:
                 result: RolloutResult = self.ray.get(ref)
@@ -269,6 +309,8 @@ class RayExperienceSource:
         from results as they arrive; rounds of the curriculum as in ``LocalExperienceSource.gather``."""
         from ..experience import Scored
 
+        # What a checkpoint saves if this step is abandoned (replay.py): the state as it begins.
+        self._snapshot = replay.snapshot(self, step)
         now = time.time()
         if self._last_gather_end is not None:
             self._learner_busy_s += now - self._last_gather_end
@@ -375,6 +417,7 @@ class RayExperienceSource:
         samples those prompts again instead of skipping them; requests already trained on or
         dropped are behind it."""
         live = [r.id for w in self.workers for r in w.inflight.values()]
+        live += [r.id for r, _ in self._ready] + [r.id for r in self._reissue]
         live += [c.request_id for c in self.queue if self.steps_taken - c.version <= self.max_staleness]
         if not live:
             return self.curriculum.state_dict()
@@ -382,6 +425,19 @@ class RayExperienceSource:
         for rid in [i for i in self._state_before if i < oldest]:
             del self._state_before[rid]
         return self._state_before[oldest]
+
+    def checkpoint_state(self, step: int) -> tuple[Any, dict[str, Any]]:
+        """What the checkpoint of ``step`` holds of the workers: (the curriculum's state before the
+        oldest live request, for a resume that samples again; the replay, ``rollouts.pt``). When the
+        gather of step + 1 began (a stop abandoned it), the state as it began."""
+        snap = self._snapshot
+        if snap is None or snap.step != step + 1:
+            snap = replay.snapshot(self, step)
+        return snap.fallback, replay.materialize(self, snap, step)
+
+    def load_state(self, state: dict[str, Any]) -> bool:
+        """Take a checkpoint's ``rollouts.pt`` back, before its weights are published."""
+        return replay.restore(self, state)
 
     def _write_stats(self) -> None:
         if self.run_path is None:
@@ -413,3 +469,5 @@ class RayExperienceSource:
         self._refs.clear()
         if self.owns_cluster:
             self.ray.shutdown()
+        if self._reaper is not None:
+            reaper.stop(self._reaper)

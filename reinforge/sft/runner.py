@@ -24,7 +24,6 @@ import logging
 import os
 import random
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,10 +44,12 @@ from ..rollout import SamplingParams, build_generator
 from ..tasks import build_task, encode_prompt
 from ..tracking import RunDir, atomic_write_json
 from ..tracking.curves import plot_learning_curves
+from ..tracking.location import check_new_run_location
 from ..tracking.run_dir import safe_name, task_label
-from ..lifecycle.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from ..lifecycle.checkpoint import latest_checkpoint, load_checkpoint, non_finite_stop, save_checkpoint, set_rng_state
 from ..lifecycle.progress import Progress
 from ..lifecycle.resume import plan_resume, record_segment
+from ..lifecycle.stopping import StopControl
 from ..lifecycle.summary import write_run_summary
 from .data import TokenizedDemo, collate, demos_from_file, demos_from_task, stop_token_id, tokenize_demos
 from .expert import round_prompts, round_seed, select_accepted
@@ -70,6 +71,7 @@ class SFTResult:
     steps_done: int
     finished: bool
     summary: dict[str, Any] = field(default_factory=dict)
+    stopped_by: str | None = None  # the signal that stopped it (SIGINT, SIGTERM, SIGHUP)
 
 
 def batch_positions(num_demos: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -339,18 +341,14 @@ class SFTRunner:
                         keep=self.cfg.trainer.keep_checkpoints)
 
     # -- the loop ----------------------------------------------------------------------------
-    def _on_sigint(self, signum, frame):  # pragma: no cover - interactive
-        if self._stop_requested:
-            raise KeyboardInterrupt
-        self._stop_requested = True
-        print("\nreinforge: stopping after this step and writing a checkpoint (Ctrl-C again to abort now)",
-              file=sys.stderr)
-
     def run(self, *, resume_command: str | None = None) -> SFTResult:
         """Fine-tune, holding the run's writer lock throughout. ``resume_command``: what
         status.json tells the user to run after an interruption."""
         if self.run_dir is not None:
             self.run_dir.acquire_writer()
+        elif not self._resume:  # where it will be created: refused now, not after the model loaded
+            check_new_run_location(self.cfg.tracking.output_dir, self.cfg.tracking.run_name,
+                                   resume="reinforge sft --resume")
         try:
             if self.cfg.trainer.num_threads:  # (the dtype probe's ratio depends on the threads)
                 torch.set_num_threads(self.cfg.trainer.num_threads)
@@ -377,20 +375,22 @@ class SFTRunner:
         total = cfg.sft.total_steps
         resume_command = resume_command or f"reinforge sft --resume {rd.path}"
         rd.set_status("running", stage="sft")
-        old_handler = None
-        try:
-            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
-        except ValueError:  # not in the main thread
-            pass
+        # Ctrl-C, SIGTERM, SIGHUP: the step under way (short, never abandoned) ends and is checkpointed
+        # first; a second signal stops at once (lifecycle/stopping.py).
+        stop = StopControl(0.0)
         started = time.perf_counter()
         step = self.start_step
         last_eval: dict[str, float] = {}
         try:
-            with Progress(total=total, start=self.start_step, enabled=cfg.tracking.progress) as bar:
+            with stop.installed(), Progress(total=total, start=self.start_step, enabled=cfg.tracking.progress) as bar:
+                stop.steps_begin()
                 if cfg.trainer.eval_at_start and 0 not in rd.eval_steps():
                     last_eval = self.evaluate(0)
                     bar.update(self.start_step, eval=last_eval)
                 for step in range(self.start_step + 1, total + 1):
+                    if stop.requested:  # came during the first evaluation: no step begun
+                        step -= 1
+                        raise _Stop
                     metrics = self.train_step(step)
                     if step == self.stop_after_step:
                         self._stop_requested = True
@@ -401,29 +401,33 @@ class SFTRunner:
                         self.nan_streak = 0
                     rd.log_metrics(step, metrics)
                     if self.nan_streak >= cfg.trainer.max_consecutive_nan:
-                        rd.set_status("failed", reason=f"{self.nan_streak} non-finite losses in a row at SFT step {step}")
-                        raise FloatingPointError(f"{self.nan_streak} consecutive non-finite SFT losses (step {step}); "
-                                                 "lower sft.lr, then resume")
+                        err = non_finite_stop(rd.path, self.nan_streak, step, lr_key="sft.lr", resume=resume_command,
+                                              checkpoint_key="sft.checkpoint_every")
+                        rd.set_status("failed", step=step, reason=f"SFT: {err}")
+                        raise err
                     if self._is_eval_step(step, total):
                         last_eval = self.evaluate(step)
                     is_last = step == total
-                    if is_last or self._stop_requested or (
-                            cfg.sft.checkpoint_every and step % cfg.sft.checkpoint_every == 0):
-                        self._checkpoint(step)
+                    stopping = self._stop_requested or stop.requested
+                    if is_last or stopping or (cfg.sft.checkpoint_every and step % cfg.sft.checkpoint_every == 0):
+                        with stop.critical():
+                            self._checkpoint(step)
                     bar.update(step, metrics=metrics, eval=last_eval)
-                    if self._stop_requested and not is_last:
+                    if stopping and not is_last:
                         raise _Stop
         except (KeyboardInterrupt, _Stop):
-            rd.set_status("interrupted", step=step, resume=resume_command)
-            print(f"reinforge: SFT interrupted. Resume with: {resume_command}", file=sys.stderr)
-            return SFTResult(rd.path, step, finished=False)
+            name = stop.signal_name
+            rd.set_status("interrupted", step=step, resume=resume_command, **({"signal": name} if name else {}))
+            try:  # after a SIGHUP the terminal may be gone; status.json says the same
+                print(f"reinforge: SFT {'stopped by ' + name if name else 'interrupted'} at step {step}. Resume "
+                      f"with: {resume_command}", file=sys.stderr)
+            except OSError:
+                pass
+            return SFTResult(rd.path, step, finished=False, stopped_by=name)
         except Exception as err:
             if rd.status().get("state") != "failed":
                 rd.set_status("failed", reason=f"{type(err).__name__}: {err}", step=step)
             raise
-        finally:
-            if old_handler is not None:
-                signal.signal(signal.SIGINT, old_handler)
         self._save_final_model()
         summary = self._write_summary(time.perf_counter() - started)
         plot_learning_curves(rd)

@@ -53,7 +53,8 @@ def run_warm_start(trainer) -> Path | None:
     result = runner.run(resume_command=resume_command)
     runner.close()
     if not result.finished:
-        run.set_status("interrupted", step=0, stage="sft", resume=resume_command)
+        run.set_status("interrupted", step=0, stage="sft", resume=resume_command,
+                       **({"signal": result.stopped_by} if result.stopped_by else {}))
         return None
     run.set_status("running", stage="rl")
     return run.warm_start_model()

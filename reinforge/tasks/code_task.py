@@ -96,11 +96,13 @@ def _check_row(row: Any, where: str) -> dict:
 
 def load_code_problems(path: str | Path, key: str = "task.path") -> list[dict]:
     """Rows of a code-problem JSONL file, each checked; errors name the line and the fix."""
+    from reinforge.config.textfile import read_utf8  # (here: importing the tasks loads no config)
+
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"{key}: no such file: {str(path)!r}")
     rows, ids = [], set()
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(read_utf8(path, key, TaskError).splitlines(), 1):
         if not line.strip():
             continue
         where = f"{str(path)!r} line {lineno}"

@@ -5,6 +5,7 @@ row fails before any model loads, with the file, row and field named."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import random
@@ -21,13 +22,15 @@ _SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
 def _load_rows(path: Path, key: str) -> list[tuple[str, Any]]:
     """(location, row) pairs; location is "line N" for JSONL (1-based) and "row N" otherwise."""
+    from reinforge.config.textfile import read_utf8  # (here: importing the tasks loads no config)
+
     if not path.exists():
         raise TaskError(f"{key}: no such file or directory: {str(path)!r}")
     if path.is_dir():
         return _load_saved_dataset(path, key)
     suffix = path.suffix.lower()
     if suffix == ".jsonl" or suffix == ".json":
-        text = path.read_text(encoding="utf-8")
+        text = read_utf8(path, key, TaskError)
         if suffix == ".json" and text.lstrip().startswith("["):
             try:
                 data = json.loads(text)
@@ -50,7 +53,7 @@ def _load_rows(path: Path, key: str) -> list[tuple[str, Any]]:
 
         return [(f"row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist(), 1)]
     if suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
+        with io.StringIO(read_utf8(path, key, TaskError), newline="") as f:
             return [(f"row {i}", dict(r)) for i, r in enumerate(csv.DictReader(f), 1)]
     raise TaskError(
         f"{key}: {str(path)!r} has an unsupported extension {suffix!r}; accepted: "

@@ -3,6 +3,7 @@ lock and config history (segments), crash-safe file writes, the runs index, swee
 checks and optional exporters (wandb, MLflow, TensorBoard, trackio)."""
 
 from reinforge.tracking.io import (
+    DamagedRunError,
     append_jsonl,
     append_jsonl_many,
     atomic_write_bytes,
@@ -17,6 +18,7 @@ from reinforge.tracking.run_dir import RUN_KINDS, RUN_STATES, NotARunDirectoryEr
 __all__ = [
     "RunDir",
     "NotARunDirectoryError",
+    "DamagedRunError",
     "RunLockedError",
     "RUN_STATES",
     "RUN_KINDS",

@@ -117,6 +117,9 @@ def verify_checkpoint(path: str | os.PathLike) -> CheckpointCheck:
         return CheckpointCheck(path, f"{COMPLETE_MARKER} is not readable JSON ({err})")
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         return CheckpointCheck(path, f"{COMPLETE_MARKER} has no step number")
+    m = _NAME.fullmatch(path.name)
+    if m and int(m.group(1)) != state["step"]:  # a resume would continue from the wrong step
+        return CheckpointCheck(path, f"{COMPLETE_MARKER} says step {state['step']}, not the folder's {int(m.group(1))}")
     files = state.get("files")
     if not isinstance(files, dict):
         for name in CHECKPOINT_FILES:

@@ -31,6 +31,7 @@ from typing import Any
 
 from reinforge.config import EXPORTERS, missing_exporter, missing_exporter_message
 from reinforge.tracking.history import flatten_dotted
+from reinforge.tracking.io import DamagedRunError, read_json
 
 log = logging.getLogger(__name__)
 
@@ -297,8 +298,9 @@ def build_exporters(run_path: Path, config: dict[str, Any], *, purge_step: int |
     check_exporters_available(names)
     state_path = run_path / STATE_FILE
     try:
-        saved_all = json.loads(state_path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+        saved_all = read_json(state_path, kind=dict, default={}, fix="it is rewritten now")
+    except DamagedRunError as err:  # only the exporters' run ids: the run goes on, in new exporter runs
+        log.warning("%s; the exporters start new runs instead of continuing the earlier ones", err)
         saved_all = {}
     started: list[Exporter] = []
     for name in names:

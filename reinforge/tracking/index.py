@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reinforge.tracking.io import DamagedRunError
 from reinforge.tracking.lock import LOCK_FILE, describe_holder
 from reinforge.tracking.run_dir import CONFIG_FILE, RunDir, task_label
 from reinforge.tracking.sampled_evals import read_sampled_eval, sampled_eval_labels
 from reinforge.tracking.segments import read_segments
+from reinforge.tracking.validate import logged_steps, missing_steps, step_ranges
 
 __all__ = ["find_runs", "RunInfo", "run_info", "effective_state", "run_state", "format_runs_table", "pid_alive"]
 
@@ -94,6 +96,7 @@ class RunInfo:
     started: str | None
     writer: dict[str, Any] | None = None   # the process holding the writer lock
     segments: int = 1                      # configs the run trained under (resumes that changed it)
+    problem: str | None = None             # a damaged or missing record: the file and what is wrong
 
 
 def _num(v: Any) -> bool:
@@ -103,21 +106,51 @@ def _num(v: Any) -> bool:
 def run_info(run: RunDir, metric: str = "accuracy") -> RunInfo:
     """One run's line: state, recipe, task, steps logged / configured, best and final held-out
     ``metric`` (greedy evaluations in evals.jsonl; for an eval directory the best pass@1 of its
-    sampled evaluations)."""
-    status = run.status()
+    sampled evaluations). A damaged file never fails the listing: the line shows what could be read,
+    and ``problem`` names the file and what is wrong (state "damaged" when status.json is)."""
+    try:
+        return _run_info(run, metric)
+    except Exception as err:  # noqa: BLE001 - one run's unforeseen damage must not hide the others
+        return RunInfo(path=run.path, kind="train", state="damaged", recipe="?", task="?", steps_done=0,
+                       steps_total=None, best=None, best_step=None, final=None, sweep=None, started=None,
+                       problem=_problem(run, err))
+
+
+def _problem(run: RunDir, err: Exception) -> str:
+    """What is wrong, in a few words, with the file named relative to the run."""
+    if isinstance(err, DamagedRunError) and err.problem:
+        try:
+            name = str(err.path.relative_to(run.path))
+        except ValueError:
+            name = str(err.path)
+        return f"{name}: {err.problem}"
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return text.replace(f"{run.path}{os.sep}", "")
+
+
+def _run_info(run: RunDir, metric: str) -> RunInfo:
+    problems: list[str] = []
+
+    def read(what, default):
+        try:
+            return what()
+        except (OSError, ValueError) as err:
+            problems.append(_problem(run, err))
+            return default
+
+    status = read(run.status, None)
     writer = run.writer()
-    try:
-        cfg = run.load_config()
-    except (OSError, ValueError):
-        cfg = {}
+    cfg = read(run.load_config, {})
     task_name = task_label(cfg.get("task") or {}, cfg.get("env"))
-    kind = status.get("kind", "train")
-    try:
-        metrics = run.read_metrics()
-        evals = [e for e in run.read_evals() if _num(e.get(metric)) and "step" in e]
-    except ValueError:  # a corrupt line: show the run, flag it
-        metrics, evals = [], []
-    steps_done = max((int(m["step"]) for m in metrics if "step" in m), default=0)
+    kind = (status or {}).get("kind", "train")
+    metrics = read(run.read_metrics, [])
+    evals = [e for e in read(run.read_evals, []) if isinstance(e, dict) and _num(e.get(metric)) and "step" in e]
+    steps_done = max(logged_steps(metrics), default=0)
+    if status is not None and status.get("state") == "finished" and isinstance(status.get("step"), int):
+        steps_done = max(steps_done, status["step"])  # a finished run trained every step to its last
+    gap = missing_steps(metrics, steps_done) if kind == "train" else []
+    if gap:
+        problems.append(f"metrics.jsonl has no record of step(s) {step_ranges(gap)}")
     best = best_step = final = None
     if evals:
         trained = [e for e in evals if e["step"] > 0] or evals  # best of the trained checkpoints
@@ -133,15 +166,12 @@ def run_info(run: RunDir, metric: str = "accuracy") -> RunInfo:
                 continue
             if _num(s.get("accuracy")) and (best is None or s["accuracy"] > best):
                 best = float(s["accuracy"])
-    try:
-        segments = len(read_segments(run))
-    except (OSError, ValueError):
-        segments = 1
+    segments = len(read(lambda: read_segments(run), [None]))
     locked = (run.path / LOCK_FILE).exists()
     return RunInfo(
         path=run.path,
         kind=kind,
-        state=effective_state(status, writer if locked else False),
+        state="damaged" if status is None else effective_state(status, writer if locked else False),
         recipe="-" if kind == "eval" else str(cfg.get("recipe", "?")),
         task=str(task_name or "?"),
         steps_done=steps_done,
@@ -150,18 +180,21 @@ def run_info(run: RunDir, metric: str = "accuracy") -> RunInfo:
         best_step=best_step,
         final=final,
         sweep=(cfg.get("tracking") or {}).get("sweep"),
-        started=status.get("started"),
+        started=(status or {}).get("started"),
         writer=writer,
         segments=segments,
+        problem="; ".join(dict.fromkeys(problems)) or None,  # (config.yaml's fault can come twice)
     )
 
 
 def format_runs_table(infos: list[RunInfo], root: Path, metric: str = "accuracy") -> str:
     """A plain-text table, one run per line, paths relative to ``root``. ``writer`` names the
     process holding a run's writer lock (pid@host); ``segments`` counts the configs a run trained
-    under (more than one when a resume changed its config, see segments.json)."""
+    under (more than one when a resume changed its config, see segments.json); ``problem``, shown
+    when a run has one, names a damaged file or the steps metrics.jsonl lacks."""
+    problems = any(i.problem for i in infos)  # the column shows only when a run has one
     headers = ["run", "status", "recipe", "task", "steps", f"best {metric}", f"final {metric}", "sweep",
-               "segments", "writer"]
+               "segments", "writer"] + (["problem"] if problems else [])
     rows = []
     for i in infos:
         try:
@@ -176,7 +209,8 @@ def format_runs_table(infos: list[RunInfo], root: Path, metric: str = "accuracy"
         state = i.state if i.kind == "train" else f"{i.state} ({i.kind})"
         writer = "-" if not i.writer else (f"{i.writer.get('pid')}@{i.writer.get('hostname')}"
                                            if i.writer.get("pid") is not None else describe_holder(i.writer))
-        rows.append([name, state, i.recipe, i.task, steps, best, final, i.sweep or "-", str(i.segments), writer])
+        rows.append([name, state, i.recipe, i.task, steps, best, final, i.sweep or "-", str(i.segments), writer]
+                    + ([i.problem or "-"] if problems else []))
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else [len(h) for h in headers]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

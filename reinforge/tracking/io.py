@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 __all__ = [
+    "DamagedRunError",
+    "read_json",
     "DiskFullError",
     "is_disk_full",
     "atomic_write_text",
@@ -45,6 +47,51 @@ _DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "file write
 class DiskFullError(OSError):
     """A write failed because its file system is full (or over quota). The message says what
     filled up and what is still intact."""
+
+
+class DamagedRunError(ValueError):
+    """A file of a run directory cannot be read as what reinforge wrote there (garbage, truncated, the
+    wrong shape). The message is one line, ``FILE: what is wrong; the fix``, and the three parts are
+    kept as ``path``, ``problem`` and ``fix``. A ValueError, so the readers that tolerate a damaged run
+    (``reinforge runs``, ``compare``) catch it with the rest."""
+
+    def __init__(self, path: str | os.PathLike, problem: str | None = None, fix: str | None = None) -> None:
+        self.path, self.problem, self.fix = Path(path), problem, fix
+        super().__init__(f"{path}: {problem}; {fix}" if problem else str(path))
+
+
+_NO_DEFAULT = object()
+
+
+def read_json(path: str | os.PathLike, *, fix: str, default: Any = _NO_DEFAULT, kind: type | None = None) -> Any:
+    """The JSON value in ``path``. A missing file returns ``default`` (FileNotFoundError without one);
+    text that is not JSON, not UTF-8, or (with ``kind``) not a ``kind`` raises DamagedRunError
+    naming the file, what is wrong and ``fix``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if default is _NO_DEFAULT:
+            raise
+        return default
+    except UnicodeDecodeError as err:
+        raise DamagedRunError(path, f"not UTF-8 text (byte {err.start})", fix) from None
+    except IsADirectoryError:
+        raise DamagedRunError(path, "a directory, not a file", fix) from None
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise DamagedRunError(path, f"not valid JSON ({err})", fix) from None
+    if kind is not None and not isinstance(value, kind):
+        raise DamagedRunError(path, f"holds {json_kind(value)}, not {json_kind(kind())}", fix)
+    return value
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in words: 'a JSON list', 'JSON null'."""
+    if isinstance(value, bool) or value is None:
+        return f"JSON {json.dumps(value)}"
+    return {dict: "a JSON object", list: "a JSON list", str: "a JSON string"}.get(type(value), "a JSON number")
 
 
 def is_disk_full(err: BaseException) -> bool:

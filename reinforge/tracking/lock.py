@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reinforge.tracking.io import DamagedRunError
+
 __all__ = ["LOCK_FILE", "RunLockedError", "acquire", "release", "lock_holder", "holds_lock", "describe_holder"]
 
 LOCK_FILE = "writer.lock"
@@ -101,7 +103,13 @@ def acquire(run_path: str | os.PathLike, *, retry_s: float = _RETRY_S) -> dict[s
         if held is not None:
             held.count += 1
             return held.info
-        fd = os.open(Path(key) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(Path(key) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except (IsADirectoryError, PermissionError) as err:  # a damaged run: say which file, and the fix
+            raise DamagedRunError(
+                Path(run_path) / LOCK_FILE, f"cannot be opened for writing ({err.strerror})",
+                "it must be a file this user can write, and holds no data: delete it (a new one is made) or fix "
+                "its permissions") from None
         deadline = time.monotonic() + retry_s
         while True:
             try:

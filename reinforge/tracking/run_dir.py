@@ -13,6 +13,7 @@ Layout (every file written atomically or appended line by line, see :mod:`reinfo
         samples.jsonl        logged completions: {"step", <row fields>...}
         evals.jsonl          one line per held-out evaluation: {"step", "time", <summary>...}
         evals/step_000010.json   per-prompt details of that evaluation
+        trajectories/step_000010.jsonl   agents: every trajectory of that step (agents/scoring.py)
         checkpoints/         written by the trainer, listed by tracking/checkpoints.py
         final_model/         the trained model (save_pretrained), written by the trainer
         sft/                 the SFT stage before RL, itself a run directory (reinforge/sft/stage.py)
@@ -30,13 +31,14 @@ One process writes a run at a time: :meth:`RunDir.create` takes the writer lock,
 that opens an existing run takes it with :meth:`RunDir.acquire_writer`. Readers never lock.
 
 Every report and comparison is computed from these files alone, so a run directory can be copied
-to another machine and compared later.
+to another machine and compared later. A file that cannot be read as what was written there raises
+DamagedRunError, one line naming the file, what is wrong and the fix (tracking/validate.py checks a
+whole run before a resume loads anything).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import os
 import re
@@ -54,13 +56,15 @@ from reinforge.tracking.checkpoints import (
     list_checkpoints,
 )
 from reinforge.tracking.environment import collect_environment
-from reinforge.tracking.history import start_history
+from reinforge.tracking.history import SEGMENTS_FILE, start_history
 from reinforge.tracking.io import (
+    DamagedRunError,
     append_jsonl,
     append_jsonl_many,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    read_json,
     read_jsonl,
     rewrite_jsonl,
 )
@@ -88,6 +92,9 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 
 RUN_STATES = ("running", "finished", "failed", "interrupted")
+TRAJECTORIES_DIR = "trajectories"  # agents: every trajectory of a step (agents/scoring.py writes them)
+EVAL_DETAILS_FIX = ("restore it from a copy, or delete it (the summary then pairs the evaluations that are left; "
+                    "evals.jsonl keeps its accuracy)")
 _MAX_GIT_DIFF_BYTES = 5 * 1024 * 1024
 
 
@@ -268,11 +275,23 @@ class RunDir:
     # -- config / status
 
     def load_config(self) -> dict[str, Any]:
-        """The resolved config as saved, a raw dict."""
-        with open(self.path / CONFIG_FILE, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+        """The resolved config as saved, a raw dict. Garbage raises DamagedRunError naming the
+        file, the line and the fix."""
+        path = self.path / CONFIG_FILE
+        fix = ("repair it, or restore it from a copy" + (
+            f" (the last segment in {SEGMENTS_FILE} holds the config in force at the last resume)"
+            if (self.path / SEGMENTS_FILE).is_file() else ""))
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise DamagedRunError(path, f"not UTF-8 text (byte {err.start})", fix) from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            what = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise DamagedRunError(path, f"not valid YAML ({what}{where})", fix) from None
         if not isinstance(raw, dict):
-            raise ValueError(f"{self.path / CONFIG_FILE}: expected a mapping of config sections")
+            raise DamagedRunError(path, "does not hold a mapping of config sections", fix)
         return raw
 
     def load_run_config(self) -> "RunConfig":
@@ -282,21 +301,26 @@ class RunDir:
         return RunConfig.model_validate(self.load_config())
 
     def load_environment(self) -> dict[str, Any]:
-        return json.loads((self.path / ENVIRONMENT_FILE).read_text(encoding="utf-8"))
+        return read_json(self.path / ENVIRONMENT_FILE, kind=dict, fix=(
+            "it records the run's machine and package versions only: restore it from a copy, or delete it "
+            "(comparisons of environments then skip this run)"))
 
     def status(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.path / STATUS_FILE).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
+        """status.json ({} when there is none). Garbage raises DamagedRunError naming the fix."""
+        return read_json(self.path / STATUS_FILE, kind=dict, default={}, fix=(
+            "it only records how the run last ended: restore it from a copy, or delete it (a resume "
+            "writes a new one)"))
 
     def set_status(self, state: str, **extra: Any) -> None:
         """Set the run state (running / finished / failed / interrupted) plus any extra fields
-        (e.g. step=, error=); earlier fields such as ``started`` and ``pid`` are kept."""
+        (e.g. step=, error=); earlier fields such as ``started`` and ``pid`` are kept, but not those
+        of an earlier ending (reason, signal, resume): each call says all there is to say of it."""
         if state not in RUN_STATES:
             raise ValueError(f"unknown run state {state!r}; accepted: {', '.join(RUN_STATES)}")
         self._require_writer()
         status = self.status()
+        for stale in ("reason", "signal", "resume"):
+            status.pop(stale, None)
         status.update(extra)
         status["state"] = state
         status["updated"] = _now_iso()
@@ -386,12 +410,15 @@ class RunDir:
     def read_eval_details(self, step: int) -> list[dict]:
         p = self.path / EVAL_DETAILS_DIR / _eval_detail_name(step)
         try:
-            return json.loads(p.read_text(encoding="utf-8"))
+            rows = read_json(p, kind=list, fix=EVAL_DETAILS_FIX)
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"run {str(self.path)!r} has no eval details for step {step} "
                 f"(steps with details: {self.eval_steps()})"
             ) from None
+        if not all(isinstance(r, dict) for r in rows):
+            raise DamagedRunError(p, "holds a list whose items are not all per-prompt objects", EVAL_DETAILS_FIX)
+        return rows
 
     # -- resume
 
@@ -418,6 +445,12 @@ class RunDir:
         for s in self.eval_steps():
             if s > step:
                 (self.path / EVAL_DETAILS_DIR / _eval_detail_name(s)).unlink(missing_ok=True)
+        # An agent run's trajectory files of dropped steps, so none outlives its step's records.
+        traj = self.path / TRAJECTORIES_DIR
+        for p in traj.glob("step_*.jsonl") if traj.is_dir() else ():
+            m = re.fullmatch(r"step_(\d+)\.jsonl", p.name)
+            if m and int(m.group(1)) > step:
+                p.unlink(missing_ok=True)
 
     # -- models
 

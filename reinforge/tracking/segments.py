@@ -29,7 +29,6 @@ resume drops.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -43,23 +42,46 @@ from reinforge.tracking.history import (
     _text,
     config_changes,
 )
-from reinforge.tracking.io import atomic_write_json, atomic_write_text
+from reinforge.tracking.io import (
+    DamagedRunError,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+)
 from reinforge.tracking.run_dir import CONFIG_FILE, RunDir
 
-__all__ = ["SEGMENTS_FILE", "Change", "Segment", "config_changes", "read_segments",
-           "record_resume", "segment_label", "format_changes"]
+__all__ = [
+    "SEGMENTS_FILE",
+    "Change",
+    "Segment",
+    "config_changes",
+    "format_changes",
+    "read_segments",
+    "record_resume",
+    "segment_label",
+]
+
+SEGMENTS_FIX = ("restore it from a copy, or delete it (the run then continues under config.yaml, and the config "
+               "changes earlier resumes recorded are forgotten)")
+
 
 def read_segments(run: RunDir) -> list[Segment]:
-    """The run's segments, oldest first (one, from config.yaml, when it has no segments.json)."""
-    try:
-        raw = json.loads((run.path / SEGMENTS_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """The run's segments, oldest first (one, from config.yaml, when it has no segments.json). A
+    damaged file raises DamagedRunError naming it and the fix."""
+    path = run.path / SEGMENTS_FILE
+    raw = read_json(path, kind=dict, default=None, fix=SEGMENTS_FIX)
+    if raw is None:
         return [Segment(from_step=1, config=run.load_config())]
-    except ValueError as err:
-        raise ValueError(f"{run.path / SEGMENTS_FILE} is not valid JSON ({err})") from None
-    segments = [Segment.from_dict(d) for d in raw.get("segments") or []]
-    if not segments:
-        raise ValueError(f"{run.path / SEGMENTS_FILE} lists no segment")
+    listed = raw.get("segments")
+    if not isinstance(listed, list) or not listed:
+        raise DamagedRunError(path, "lists no segment", SEGMENTS_FIX)
+    segments = []
+    for i, d in enumerate(listed, start=1):
+        try:
+            segments.append(Segment.from_dict(d))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise DamagedRunError(path, f"segment {i} is malformed ({type(err).__name__}: {err})",
+                                  SEGMENTS_FIX) from None
     return segments
 
 

@@ -39,6 +39,7 @@ def restore(trainer) -> None:
     set_rng_state(data["rng"])
     st = data["state"]
     trainer.curriculum.load_state_dict(st["sampler"])
+    _restore_rollouts(trainer, data.get("extra", {}).get("rollouts"))
     trainer.nan_streak = st.get("nan_streak", 0)
     trainer.start_step = st["step"]
     # A generator with its own weights started from the base model's.
@@ -49,6 +50,18 @@ def restore(trainer) -> None:
     record_segment(trainer.run_dir, trainer.cfg, trainer.start_step)  # segments.json, then config.yaml
     log.info("resumed %s from step %d", trainer.run_dir.path, trainer.start_step)
 
+def _restore_rollouts(trainer, rollouts) -> None:
+    """Rollout workers sample ahead: the checkpoint's requests and results they depend on
+    (scale/replay.py) are taken back, unless the resume changes what a step computes (then the
+    prompts are sampled again from the curriculum's state before them, as loaded above)."""
+    if rollouts is None or trainer.source is None:
+        return
+    if trainer._plan is not None and any(c.kind == "segment" for c in trainer._plan.changes):
+        log.info("a new segment: the rollouts sampled ahead before the checkpoint are sampled again")
+        return
+    trainer.source.load_state(rollouts)
+
+
 def checkpoint(trainer, step: int, start_of_next: tuple[dict, dict] | None = None) -> None:
     """Checkpoint the state after ``step``. ``start_of_next``: the (RNG, curriculum) states
     taken when the next step began, for a step that was abandoned after changing them."""
@@ -56,19 +69,21 @@ def checkpoint(trainer, step: int, start_of_next: tuple[dict, dict] | None = Non
     reward_state = trainer.reward_fn.state_dict() if hasattr(trainer.reward_fn, "state_dict") else {}
     if reward_state:  # verifiers that learn during the run (PRIME's implicit PRM)
         state["reward_models"] = reward_state
-    rng, sampler = start_of_next if start_of_next is not None else (None, curriculum_state(trainer))
+    rng, sampler = start_of_next if start_of_next is not None else (None, trainer.curriculum.state_dict())
+    extra = {}
     with trainer._stop.critical():  # a second Ctrl-C/SIGTERM waits for the write to end
+        if trainer.source is not None:
+            # Rollout workers sample ahead: the checkpoint holds what those samples depend on
+            # (scale/replay.py; it may wait for a request issued before this step's update), and
+            # the curriculum as it was before them, for a resume that samples them again.
+            sampler, extra["rollouts"] = trainer.source.checkpoint_state(step)
         save_checkpoint(
             trainer.run_dir.path, step,
             weights=state.pop("weights"),
             optimizer_state=state,
             trainer_state={"sampler": sampler, "nan_streak": trainer.nan_streak},
-            keep=trainer.cfg.trainer.keep_checkpoints, rng=rng,
+            keep=trainer.cfg.trainer.keep_checkpoints, rng=rng, extra=extra,
         )
-
-def curriculum_state(trainer):
-    # Rollout workers sample ahead: their source knows the state before what is not yet trained.
-    return trainer.source.curriculum_state() if trainer.source is not None else trainer.curriculum.state_dict()
 
 
 def save_final_model(trainer) -> None:

@@ -60,10 +60,12 @@ from ..models import (
 from ..rewards import build_reward
 from ..rewards.models.guard import RewardHackingGuard
 from ..rollout import SamplingParams, build_generator
+from ..rollout.context import fit_prompts
 from ..tasks import Example, encode_prompt
 from ..tracking import RunDir
 from ..tracking.curves import plot_learning_curves
-from .outcome import RunResult, failed, interrupted, startup_interrupted
+from ..tracking.location import check_new_run_location
+from .outcome import RunResult, failed, interrupted, non_finite_stopped, startup_interrupted
 from .state import checkpoint, restore, save_final_model
 from .step_log import step_metrics
 
@@ -145,7 +147,11 @@ class Trainer:
         self.guardrails = Guardrails.build(self.task, self.reward_fn, cfg.reward, seed=cfg.trainer.seed)
         # Memory guard: estimate the peak from the config before any weights load; warn naming the
         # setting to change when it will not fit (reinforge/learner/memory.py).
-        prompt_tokens = max((len(encode_prompt(self.tokenizer, e)) for e in self.train_examples[:64]), default=1)
+        # Every prompt is encoded once, into the cache the steps read, and checked against the
+        # model's context (refused, or cut with task.truncate_prompts=left) before weights load.
+        self._prompt_cache: dict[str, list[int]] = {}
+        prompt_tokens = fit_prompts(cfg, model_path, self.tokenizer, {"training": self.train_examples, "held-out":
+                                    self.eval_examples}, self._prompt_cache).longest_train
         check_memory(cfg, model_path, prompt_tokens=prompt_tokens, device=str(self.device))
         # What the algorithm's components declare they need (algorithms.needs_of): which models to
         # load here, which forwards and generations to run each step.
@@ -159,7 +165,6 @@ class Trainer:
         )
         if cfg.env is not None:  # multi-turn: trajectories from an environment (docs/agents.md)
             self.generator, self.reward_fn = build_agent(cfg, self.generator, self.reward_fn, self.task)
-        self._prompt_cache: dict[str, list[int]] = {}
         self.local = LocalExperienceSource(
             examples=self.train_examples, encode=self._encode, generator=self.generator, reward_fn=self.reward_fn,
             curriculum=self.curriculum, sampling=SamplingParams.from_rollout(cfg.rollout),
@@ -356,10 +361,12 @@ class Trainer:
     def run(self) -> RunResult:
         """Train. The run directory's writer lock is held throughout: a second writer is refused
         before anything loads, and a resume's config changes are checked and printed first.
-        Ctrl-C and SIGTERM stop the run as lifecycle/stopping.py says; whatever ends it, status.json
+        Ctrl-C, SIGTERM and SIGHUP stop the run as lifecycle/stopping.py says; whatever ends it, status.json
         says how (finished, interrupted with the resume command, or failed with the reason)."""
         if self.run_dir is not None:
             self.run_dir.acquire_writer()  # a new run's directory is created with the lock held
+        elif not self._resume:  # where it will be created: refused now, not after the model loaded
+            check_new_run_location(self.cfg.tracking.output_dir, self.cfg.tracking.run_name)
         try:
             with self._stop.installed():
                 try:
@@ -371,7 +378,7 @@ class Trainer:
 
                         self.init_model_path = run_warm_start(self)
                         if self.init_model_path is None:  # the SFT stage was interrupted
-                            return RunResult(self.run_dir.path, 0)
+                            return RunResult(self.run_dir.path, 0, stopped_by=self.run_dir.status().get("signal"))
                     return self._run()
                 except StartupInterrupted as stop:
                     startup_interrupted(self, stop)
@@ -403,7 +410,7 @@ class Trainer:
         cfg = self.cfg
         rd = self.run_dir
         rd.set_status("running")
-        self._stop.steps_begin()  # from here a first Ctrl-C/SIGTERM stops after the step under way
+        self._stop.steps_begin()  # from here a first stop signal stops after the step under way
         started = time.perf_counter()
         step = self.start_step
         checkpointed = self.start_step if self._resume else 0
@@ -445,12 +452,7 @@ class Trainer:
                         self.nan_streak = 0
                     rd.log_metrics(step, metrics)
                     if self.nan_streak >= cfg.trainer.max_consecutive_nan:
-                        rd.set_status("failed", reason=f"{self.nan_streak} non-finite losses in a row at step {step}")
-                        raise FloatingPointError(
-                            f"{self.nan_streak} consecutive non-finite losses (step {step}); the last "
-                            f"checkpoint in {rd.path / 'checkpoints'} is intact. Lower learner.lr or "
-                            "raise learner.grad_clip's strictness, then resume."
-                        )
+                        raise non_finite_stopped(self, step)  # says which checkpoint exists, if any
                     is_last = step == cfg.trainer.steps
                     if self._is_eval_step(step):
                         try:
