@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import shutil
 import subprocess
@@ -71,12 +72,23 @@ def _refused_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def _main(*args: str) -> subprocess.CompletedProcess:
+    """The CLI's own entry point in this process (a refusal needs no process boundary, and a
+    process start costs seconds): its exit status and what it wrote to stderr."""
+    from reinforge.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(args, code, "", err.getvalue())
+
+
 def _resume_damaged(root: Path, name: str, damage) -> tuple[Path, str]:
     """A copy of the base run, damaged by ``damage(run)``, resumed to step 6 without model weights."""
     run = copy_run(root, "base", name)
     damage(run)
     with _no_weights(root):
-        proc = _cli("train", "--resume", str(run), "trainer.steps=6")
+        proc = _main("train", "--resume", str(run), "trainer.steps=6")
     return run, _refused_line(proc)
 
 
