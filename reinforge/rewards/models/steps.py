@@ -112,14 +112,19 @@ def token_ends(tokenizer, token_ids: list[int], char_ends: list[int]) -> list[in
             out.append(n - 1)
             continue
         lo, hi = k * _BLOCK, min((k + 1) * _BLOCK, n) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if decoded_len(mid) >= end:
-                hi = mid
-            else:
-                lo = mid + 1
-        out.append(lo)
+        out.append(_first_reaching(decoded_len, lo, hi, end))
     return out
+
+
+def _first_reaching(decoded_len, lo: int, hi: int, end: int) -> int:
+    """The first token t in [lo, hi] whose decoded prefix reaches `end` characters (binary search)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if decoded_len(mid) >= end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _token_ends_by_prefix(tokenizer, token_ids: list[int], char_ends: list[int]) -> list[int]:
@@ -138,11 +143,5 @@ def _token_ends_by_prefix(tokenizer, token_ids: list[int], char_ends: list[int])
         if hi < 0:
             out.append(-1)
             continue
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if decoded_len(mid) >= end:
-                hi = mid
-            else:
-                lo = mid + 1
-        out.append(lo)
+        out.append(_first_reaching(decoded_len, lo, hi, end))
     return out
