@@ -290,6 +290,17 @@ def _startup_gated(args: list[str], gate: Path) -> subprocess.Popen:
     return proc
 
 
+def _stopped_at_startup(args, gate, sig):
+    """The command held at start-up by its gate, sent `sig`: the process and its output."""
+    proc = _startup_gated(args, gate)
+    try:
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        gate.unlink(missing_ok=True)
+    return proc, out
+
+
 def test_train_rm_stopped_by_a_signal_says_how_and_resumes(root):
     run = root / "runs" / "rm-stop"
     args = ["train-rm", f"model.path={root / 'model'}", "task.source=file", f"task.path={root / 'task.jsonl'}",
@@ -299,12 +310,7 @@ def test_train_rm_stopped_by_a_signal_says_how_and_resumes(root):
             "rm.eval_prompts=2", "rm.samples_per_prompt=2", "rm.epochs=1", "rm.batch_size=4",
             "rm.bootstrap_resamples=200"]
     gate = root / "rm-stop.gate"
-    proc = _startup_gated(args, gate)
-    try:
-        proc.send_signal(signal.SIGHUP)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        gate.unlink(missing_ok=True)
+    proc, out = _stopped_at_startup(args, gate, signal.SIGHUP)
     assert proc.returncode == -signal.SIGHUP, out
     line = _one_line(out)
     assert f"stopped by SIGHUP; the labels made so far are kept. Resume with: reinforge train-rm --resume {run}" in line
@@ -321,12 +327,7 @@ def test_eval_stopped_by_a_signal_is_one_line_and_its_exit_status(root):
             f"reward.verifiers=[{{name: python, options: {{function: '{GATED}'}}}}]", "reward.answer_format=raw",
             "--samples", "2", "--max-new-tokens", "4", "--output-dir", str(out_dir), "--name", "stopped"]
     gate = root / "eval-stop.gate"
-    proc = _startup_gated(args, gate)
-    try:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        gate.unlink(missing_ok=True)
+    proc, out = _stopped_at_startup(args, gate, signal.SIGTERM)
     assert proc.returncode == -signal.SIGTERM, out
     assert _one_line(out) == "reinforge: stopped by SIGTERM"
     assert not (out_dir / "stopped").exists()  # nothing was evaluated: no half-made directory
