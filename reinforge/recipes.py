@@ -69,6 +69,17 @@ _PASSK = Paper(
 _ENTROPY = Paper(
     "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", "Cui et al.", 2025, "2505.22617"
 )
+_OPO = Paper("On-Policy RL with Optimal Reward Baseline", "Hao et al.", 2025, "2505.23585")
+_GPG = Paper(
+    "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning", "Chu et al.", 2025, "2504.02546"
+)
+_SAPO = Paper("Soft Adaptive Policy Optimization", "Gao et al.", 2025, "2511.20347")
+_GMPO = Paper("Geometric-Mean Policy Optimization", "Zhao et al.", 2025, "2507.20673")
+_DPPO = Paper("Rethinking the Trust Region in LLM Reinforcement Learning", "Qi et al.", 2026, "2602.04879")
+_DRO = Paper(
+    "Offline Regularised Reinforcement Learning for Large Language Models Alignment", "Richemond et al.", 2024,
+    "2405.19107",
+)
 
 # Every preset names every algorithm component it relies on, so a recipe does not silently
 # inherit a default that another recipe changed.
@@ -83,7 +94,8 @@ _BASE = {
 
 def _algo(**kw: Any) -> dict[str, Any]:
     unknown = set(kw) - set(_BASE) - {"gamma", "lam", "passk_k", "cov_ratio", "cov_bounds", "kl_cov_coef",
-                                      "tis_level", "icepop_band", "decoupled_cap"}
+                                      "tis_level", "icepop_band", "decoupled_cap", "sapo_tau_pos",
+                                      "sapo_tau_neg", "dppo_ratio_cap", "dro_beta"}
     if unknown:  # a typo here would otherwise surface only when the recipe is used
         raise KeyError(f"recipe preset keys not in _BASE: {sorted(unknown)}")
     return {**_BASE, **kw}
@@ -193,8 +205,8 @@ _RECIPE_LIST = [
         {"algorithm": _algo(cov_penalty="clip_cov", cov_ratio=2e-4, cov_bounds=(1.0, 5.0), mini_batches=2)},
         "The selected tokens lose their gradient in every update; they are drawn among tokens that "
         "still have one (not cut off by the ratio clip), as in the authors' code, which after a "
-        "batch's first update costs one no-grad forward. Covariances use the rollout-time "
-        "log-probs (the paper: the current policy's).",
+        "batch's first update costs one no-grad forward; zero-advantage tokens stay in the draw, "
+        "as in the paper. Covariances use the current policy's log-probs, as in the paper.",
     ),
     Recipe(
         "kl_cov",
@@ -203,7 +215,73 @@ _RECIPE_LIST = [
         _ENTROPY,
         {"algorithm": _algo(cov_penalty="kl_cov", cov_ratio=2e-3, kl_cov_coef=1.0, mini_batches=2)},
         "The penalty is zero on the first, fresh update of a batch (logp = logp_old, the plain "
-        "policy gradient); it acts from the second mini-batch on.",
+        "policy gradient); it acts from the second mini-batch on. Covariances use the current "
+        "log-probs (one no-grad forward per update after the first), as in the paper.",
+    ),
+    Recipe(
+        "opo",
+        "Exact on-policy REINFORCE-style update with the optimal baseline: reward minus the "
+        "length-weighted group mean, no std division, no KL, no entropy bonus.",
+        _OPO,
+        {"algorithm": _algo(advantage="opo", scale_rewards="none")},
+        "Exact on-policy: one update per rollout batch (verl: ppo_mini_batch_size = train_batch_size), "
+        "so the ratio is 1 and the clipped loss is the plain policy gradient. Lengths are the "
+        "completions' action tokens.",
+    ),
+    Recipe(
+        "gpg",
+        "Group Policy Gradient: -A log-prob with no surrogate, clip, KL or critic; group-mean "
+        "advantage times N / (samples in informative groups), token-mean loss.",
+        _GPG,
+        {"algorithm": _algo(advantage="gpg", scale_rewards="none", policy_loss="gpg")},
+        "F_norm = 1 and alpha = B / (B - M), the paper's main setting. Its optional threshold "
+        "beta_th (resample until enough groups are informative) is not implemented; "
+        "algorithm.dynamic_sampling drops those groups instead (then alpha = 1). One update per "
+        "batch: the loss has no ratio, so it is exact only on fresh samples.",
+    ),
+    Recipe(
+        "sapo",
+        "Soft Adaptive Policy Optimization: a sigmoid gate on the token ratio replaces the hard "
+        "clip (temperatures 1.0 / 1.05 for positive / negative advantages), group advantages, "
+        "per-sequence token-mean loss.",
+        _SAPO,
+        {"algorithm": _algo(policy_loss="sapo", sapo_tau_pos=1.0, sapo_tau_neg=1.05,
+                            loss_agg="seq_mean_token_mean", mini_batches=4)},
+        "The gate differs from 1 only off-policy, hence 4 mini-batches per rollout batch (verl's "
+        "example makes 8).",
+    ),
+    Recipe(
+        "gmpo",
+        "Geometric-Mean Policy Optimization: the sequence ratio is the geometric mean of token "
+        "ratios, each clipped in log space to [-0.4, 0.4]; group advantages, per-sequence loss.",
+        _GMPO,
+        {"algorithm": _algo(policy_loss="gmpo", clip_eps_low=0.4, clip_eps_high=0.4,
+                            loss_agg="seq_mean_token_mean", mini_batches=4)},
+        "clip_eps_low/high are log-ratio bounds here (ratio range [e^-0.4, e^0.4]), the paper's "
+        "and verl's example values; 4 updates per rollout batch as in that example (1024 / 256).",
+    ),
+    Recipe(
+        "dppo",
+        "Divergence PPO (Binary-TV): a token is masked when |p - p_old| leaves the trust region "
+        "0.15 in the advantage's direction, otherwise a truncated-IS policy gradient; Dr. GRPO "
+        "advantages and aggregation.",
+        _DPPO,
+        {"algorithm": _algo(policy_loss="dppo_tv", clip_eps_low=0.15, clip_eps_high=0.15, dppo_ratio_cap=20.0,
+                            scale_rewards="none", loss_agg="token_sum_norm", mini_batches=4)},
+        "The Binary-KL variant is policy_loss=dppo_kl with thresholds 0.05. The authors recommend "
+        "Dr. GRPO's advantages and length normalisation, and measuring the region against the "
+        "sampler's log-probs; here it is measured against the learner's at rollout time (verl's "
+        "registered loss does the same).",
+    ),
+    Recipe(
+        "dro",
+        "Policy gradient with a quadratic trust region instead of a clip: "
+        "-(A log-prob - 0.05 (logp - logp_old)^2) per token (verl's dro loss), group advantages.",
+        _DRO,
+        {"algorithm": _algo(policy_loss="dro", dro_beta=0.1, mini_batches=4)},
+        "The DRO paper is offline, with a learned value function; this is the online per-token "
+        "form verl and Tinker call dro, composed with GRPO advantages. The penalty is 0 on a "
+        "batch's first update, hence 4 mini-batches per rollout batch.",
     ),
 ]
 

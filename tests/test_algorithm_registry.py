@@ -130,6 +130,9 @@ def test_inputs_are_checked_with_the_field_named():
     ("ppo", Needs(critic=True, token_rewards=True)),
     ("passk", Needs(correctness=True)),
     ("clip_cov", Needs(old_logprobs=True)),
+    ("opo", Needs()),  # exact on-policy: one update per batch
+    ("gpg", Needs()),
+    ("sapo", Needs(old_logprobs=True)),  # 4 mini-batches
 ])
 def test_needs_of_every_recipe(name, expected):
     assert needs_of(build_config({"recipe": name}).algorithm) == expected
@@ -163,7 +166,8 @@ def test_config_rules_that_follow_from_needs():
     with pytest.raises(ConfigError, match="kl_cov replaces the clipped surrogate's clip"):
         build_config({"recipe": "kl_cov"}, ["algorithm.policy_loss=cispo"])
     assert build_config({"recipe": "kl_cov"}).algorithm.policy_loss == "clipped"
-    assert set(POLICY_LOSSES) == {"clipped", "gspo", "cispo", "reinforce"}
+    assert set(POLICY_LOSSES) == {"clipped", "gspo", "cispo", "reinforce", "gpg", "sapo", "gmpo", "dppo_tv",
+                                  "dppo_kl", "dro"}
 
 
 def test_scale_mode_is_read_in_one_place():

@@ -32,6 +32,8 @@ __all__ = [
     "token_level_rewards",
     "masked_whiten",
     "informative_groups",
+    "optimal_baseline_advantages",
+    "gpg_advantages",
 ]
 
 SCALE_MODES = ("group", "batch", "none")
@@ -134,6 +136,13 @@ def group_normalized_advantages(
         [N] advantages, in ``rewards``' dtype (float32 for integer rewards). A group of one sample,
         or whose rewards are all equal, carries no signal: its advantages are exactly 0.
         Computed without a Python loop over groups.
+
+    Singleton groups (a deliberate departure from verl, whose GRPO gives a lone sample its raw
+    score, mean 0 and std 1): a sample with no sibling has no baseline to be compared with. Its raw
+    reward is neither centred (a constant reward would push up whatever was sampled) nor on the
+    scale of the other groups' normalised advantages, so it gets 0, like a group whose rewards are
+    all equal. The same holds for every group-relative estimator here (rloo, reinforce_pp_baseline,
+    opo, gpg), so they agree with each other, which verl's own variants do not.
     """
     _check_1d(rewards, group_index)
     out_dtype = _out_dtype(rewards)
@@ -159,8 +168,8 @@ def leave_one_out_advantages(
         A_i = r_i - (sum_g - r_i) / (n_g - 1)  =  n_g / (n_g - 1) * (r_i - mean_g)
 
     The baseline does not depend on ``r_i``, so the estimate stays unbiased. ``scale`` as in
-    :func:`group_normalized_advantages` (RLOO itself uses "none"). Groups of one sample or with
-    all-equal rewards get exactly 0.
+    :func:`group_normalized_advantages` (RLOO itself uses "none"). Groups of one sample (whose
+    leave-one-out baseline is undefined) or with all-equal rewards get exactly 0.
     """
     _check_1d(rewards, group_index)
     out_dtype = _out_dtype(rewards)
@@ -196,9 +205,87 @@ def greedy_baseline_advantages(rewards: Tensor, group_index: Tensor, baseline_re
     return out.to(_out_dtype(rewards))
 
 
+
+def optimal_baseline_advantages(
+    rewards: Tensor, group_index: Tensor, lengths: Tensor, *, scale: bool | str = "none", eps: float = 1e-6
+) -> Tensor:
+    """OPO: the reward minus the length-weighted mean reward of the group.
+
+    "On-Policy RL with Optimal Reward Baseline", Hao et al., 2025, arXiv:2505.23585. The baseline
+    that minimises the policy gradient's variance, under the paper's assumption that a
+    completion's gradient norm grows with its length ``l_i`` (its number of action tokens)::
+
+        b_g = sum_{j in g} l_j r_j / sum_{j in g} l_j
+        A_i = r_i - b_g
+
+    The paper does not divide by a std (``scale="none"``); ``scale`` is applied as in
+    :func:`group_normalized_advantages` if asked for. Groups of one sample or with all-equal
+    rewards get exactly 0 (verl gives a lone sample its raw reward, see
+    :func:`group_normalized_advantages`).
+
+    Args:
+        rewards: [N] rewards. group_index: [N] group ids.
+        lengths: [N] number of action tokens of each completion (a row with none weighs 0).
+    """
+    _check_1d(rewards, group_index)
+    if lengths.shape != rewards.shape:
+        raise ValueError(f"lengths must be [N] like rewards; got {tuple(lengths.shape)}")
+    out_dtype = _out_dtype(rewards)
+    if rewards.numel() == 0:
+        return torch.zeros_like(rewards, dtype=out_dtype)
+    r = rewards.detach().to(torch.float64)
+    w = lengths.detach().to(torch.float64)
+    g, count, _, informative = _group_stats(r, group_index)
+    weighted = torch.zeros_like(count).index_add_(0, g, w * r)
+    total_w = torch.zeros_like(count).index_add_(0, g, w)
+    # a group whose completions have no action token at all falls back to the plain mean
+    plain = torch.zeros_like(count).index_add_(0, g, r) / count
+    baseline = torch.where(total_w > 0, weighted / total_w.clamp_min(1e-300), plain)
+    adv = _scale_by_std(r - baseline[g], r, g, count, scale, eps)
+    return torch.where(informative[g], adv, torch.zeros_like(adv)).to(out_dtype)
+
+
+def gpg_advantages(
+    rewards: Tensor, group_index: Tensor, *, scale: bool | str = "none", eps: float = 1e-6
+) -> Tensor:
+    """GPG: group-mean baseline, rescaled for the samples that carry no gradient.
+
+    "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning", Chu et al.,
+    2025, arXiv:2504.02546. With N samples in the batch, of which N_valid belong to groups whose
+    rewards differ (the others have advantage 0 and add nothing but the denominator of a
+    token-mean loss)::
+
+        alpha = N / N_valid                    (the paper's B / (B - M))
+        A_i   = alpha * (r_i - mean_g) / F_norm
+
+    ``F_norm`` is 1 in the paper's main setting (``scale="none"``); ``scale="group"`` divides by
+    the group std, its other variant. ``alpha`` corrects the gradient's scale when many groups
+    are uninformative, as the authors' code does (there: per group, the same for equal group
+    sizes). verl computes ``alpha = N / count_nonzero(rewards)`` instead, the share of samples
+    with a non-zero reward, which is a different quantity (a batch of informative groups with
+    binary rewards, half of them 0, gets 2 from verl and 1 from the paper); we follow the paper.
+    Groups of one sample or with all-equal rewards get exactly 0, and a batch without an
+    informative group gets 0 everywhere.
+    """
+    _check_1d(rewards, group_index)
+    out_dtype = _out_dtype(rewards)
+    if rewards.numel() == 0:
+        return torch.zeros_like(rewards, dtype=out_dtype)
+    r = rewards.detach().to(torch.float64)
+    g, count, total, informative = _group_stats(r, group_index)
+    valid = informative[g]
+    alpha = r.numel() / max(int(valid.sum()), 1)
+    adv = alpha * _scale_by_std(r - (total / count)[g], r, g, count, scale, eps)
+    return torch.where(valid, adv, torch.zeros_like(adv)).to(out_dtype)
+
+
 def masked_whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
     """``(x - mean) / sqrt(var + eps)`` over the real tokens of the whole batch (unbiased var);
     0 on padding. The global ("batch") normalisation of REINFORCE++ and of PPO's advantages.
+
+    ``shift_mean=False`` whitens and adds the mean back, ``(x - mean) / sqrt(var + eps) + mean``:
+    the spread is normalised and the mean kept (verl's ``masked_whiten`` means the same; for
+    [1, 3, 5]: [2, 3, 4]).
 
     Computed in float64 whatever ``values``' dtype, and returned in that dtype. ``eps`` sits under
     the square root, so when every value is the same (all completions got the same reward) the
@@ -212,8 +299,10 @@ def masked_whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-8, shift_mean
         return torch.where(mask, x, zero).to(values.dtype)
     mean = torch.where(mask, x, zero).sum() / n
     var = (torch.where(mask, x - mean, zero) ** 2).sum() / (n - 1).clamp_min(1)
-    centred = x - mean if shift_mean else x
-    return torch.where(mask, centred / torch.sqrt(var + eps), zero).to(values.dtype)
+    whitened = (x - mean) / torch.sqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask, whitened, zero).to(values.dtype)
 
 
 def _last_action_index(mask: Tensor) -> Tensor:

@@ -25,10 +25,12 @@ from reinforge.algorithms.advantages import (
     _group_stats,
     _out_dtype,
     _scale_by_std,
+    gpg_advantages,
     greedy_baseline_advantages,
     group_normalized_advantages,
     leave_one_out_advantages,
     masked_whiten,
+    optimal_baseline_advantages,
     passk_advantages,
     reinforce_pp_advantages,
     scale_mode,
@@ -104,7 +106,7 @@ class AdvantageInputs:
     gamma, lam:       discount and GAE lambda (``algorithm.gamma``, ``algorithm.lam``).
     passk_k:          k of pass@k (``algorithm.passk_k``).
     whiten:           whiten GAE's advantages over the batch's action tokens.
-    eps:              added to the group std by grpo/rloo/remax/passk.
+    eps:              added to the group std by grpo/rloo/remax/passk/opo/gpg.
     """
 
     rewards: Tensor
@@ -248,3 +250,19 @@ def gae_estimator(x: AdvantageInputs) -> Advantages:
 def passk_estimator(x: AdvantageInputs) -> Advantages:
     """The pass@k objective's advantages from correctness: :func:`passk_advantages`."""
     return Advantages(passk_advantages(x.correct, x.group_index, x.passk_k, eps=x.eps))
+
+
+@register_advantage("opo", group_relative=True)
+def opo_estimator(x: AdvantageInputs) -> Advantages:
+    """OPO's length-weighted group baseline ("On-Policy RL with Optimal Reward Baseline", Hao et al.,
+    2025, arXiv:2505.23585): :func:`optimal_baseline_advantages`, lengths = action tokens."""
+    lengths = x.mask.sum(dim=1)
+    return Advantages(optimal_baseline_advantages(x.sequence_rewards(), x.group_index, lengths, scale=x.scale,
+                                                  eps=x.eps))
+
+
+@register_advantage("gpg", group_relative=True)
+def gpg_estimator(x: AdvantageInputs) -> Advantages:
+    """GPG's group-mean advantage times N / N_valid ("GPG: A Simple and Strong Reinforcement Learning
+    Baseline for Model Reasoning", Chu et al., 2025, arXiv:2504.02546): :func:`gpg_advantages`."""
+    return Advantages(gpg_advantages(x.sequence_rewards(), x.group_index, scale=x.scale, eps=x.eps))

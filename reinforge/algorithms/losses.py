@@ -23,28 +23,27 @@ __all__ = [
     "gspo_loss",
     "cispo_loss",
     "reinforce_loss",
+    "gpg_loss",
     "policy_loss",
+    "policy_loss_options",
     "POLICY_LOSSES",
     "value_loss",
     "kl_penalty",
     "KL_ESTIMATORS",
     "entropy_from_logits",
     "truncated_importance_weights",
-    "COV_PENALTIES",
-    "covariance_token_selection",
-    "tokens_with_gradient",
-    "kl_cov_loss",
-    "apply_cov_penalty",
     "K3_MAX",
 ]
 
 # exp(20) ~ 4.9e8: far beyond any ratio a clipped objective lets through, far below overflow.
 _LOG_RATIO_CLAMP = 20.0
+# GSPO's sequence log-ratio is bounded above at 10 (e^10 ~ 2.2e4), as verl does; see gspo_loss.
+_GSPO_LOG_RATIO_MAX = 10.0
 #: The k3 KL estimate is clamped to at most this (zero gradient beyond), as common practice does
 #: (e.g. verl's low_var_kl): one token far below the reference must not dominate the loss.
 K3_MAX = 10.0
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3+", "abs")
 
 #: Every policy loss, by its ``algorithm.policy_loss`` name; add one with ``register_policy_loss``.
 POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss")
@@ -52,16 +51,22 @@ POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss")
 
 #: Losses whose every token's value and gradient is exactly 0 where its advantage is 0.
 _ADVANTAGE_WEIGHTED: set[str] = set()
+#: The extra keyword options each loss takes, by loss name (read from ``algorithm`` by that name).
+_OPTIONS: dict[str, tuple[str, ...]] = {}
 
 
-def register_policy_loss(name: str, *, needs: Needs = Needs(), advantage_weighted: bool = False):
+def register_policy_loss(
+    name: str, *, needs: Needs = Needs(), advantage_weighted: bool = False, options: tuple[str, ...] = ()
+):
     """Decorator: register a per-token policy loss as ``algorithm.policy_loss=name``. Signature
-    ``(logprobs, old_logprobs, advantages, mask, *, clip_eps_low, clip_eps_high, dual_clip) ->
-    (per_token [N, T], 0 off the mask, {"clip_fraction", "ratio_mean", "ratio_max"})``;
-    ``needs`` declares what it needs beyond the batch (see ``Needs``). ``advantage_weighted``:
-    a token with advantage 0 contributes exactly 0 to the loss and its gradient, and a row's loss
-    reads no other row, which lets the learner leave rows with zero advantage out of the update
-    (``learner.skip_zero_advantage``)."""
+    ``(logprobs, old_logprobs, advantages, mask, *, clip_eps_low, clip_eps_high, dual_clip,
+    **options) -> (per_token [N, T], 0 off the mask, {"clip_fraction", "ratio_mean",
+    "ratio_max"})``; ``needs`` declares what it needs beyond the batch (see ``Needs``).
+    ``advantage_weighted``: a row whose advantages are all 0 contributes exactly 0 to the loss and
+    its gradient, and a row's loss reads no other row, which lets the learner leave such rows out
+    of the update (``learner.skip_zero_advantage``). ``options``: names of further keyword
+    arguments the loss takes, each an ``algorithm`` config key of the same name
+    (:func:`policy_loss_options` reads them)."""
     register = POLICY_LOSSES.register(name, needs=needs)
 
     def add(fn):
@@ -70,9 +75,19 @@ def register_policy_loss(name: str, *, needs: Needs = Needs(), advantage_weighte
             _ADVANTAGE_WEIGHTED.add(name)
         else:
             _ADVANTAGE_WEIGHTED.discard(name)
+        _OPTIONS[name] = tuple(options)
         return fn
 
     return add
+
+
+def policy_loss_options(name: str, algo) -> dict:
+    """The keyword arguments the loss ``name`` is called with, from an ``AlgorithmConfig`` (read by
+    attribute): the clip ranges and dual clip every loss takes, plus the options it registered."""
+    opts = dict(clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip)
+    for key in _OPTIONS.get(POLICY_LOSSES.check(name), ()):
+        opts[key] = getattr(algo, key)
+    return opts
 
 
 def is_advantage_weighted(name: str) -> bool:
@@ -198,10 +213,16 @@ def gspo_loss(
 
     Aggregated with ``seq_mean_token_mean`` this is GSPO's objective, whose gradient is
     ``-(1/G) sum_i s_i A_i mean_t grad logp_t`` for unclipped sequences. Clipping removes whole
-    sequences, not tokens. The log of ``s_i,t`` is clamped to [-20, 20], value and gradient: a
-    sequence whose mean log-ratio is beyond that gets the bounded value and no gradient. The
-    paper's ranges are 3e-4 and 4e-4 (the ratio is length-normalised). ``dual_clip`` is not used.
-    Returns ``(per_token [N, T], stats)`` as :func:`clipped_surrogate_loss`.
+    sequences, not tokens. The paper's ranges are 3e-4 and 4e-4 (the ratio is length-normalised).
+    ``dual_clip`` is not used. Returns ``(per_token [N, T], stats)`` as :func:`clipped_surrogate_loss`.
+
+    The log of ``s_i,t`` is clamped to at most 10, value and gradient, as verl does (the paper
+    sets no bound). With a negative advantage the PPO clip does not bound the loss from above: a
+    sequence whose mean token log-ratio is 15 would weigh ``e^15 ~ 3.3e6`` and, after gradient-norm
+    clipping, be the whole update. Beyond ``e^10 ~ 2.2e4`` a length-normalised ratio means the
+    sequence is so far off-policy that its gradient is noise, so it keeps the bounded value
+    ``e^10 |A|`` and gets no gradient. (Before, the bound was 20 on both sides; the lower side
+    needs none: a tiny ratio only shrinks the term.)
     """
     mask = mask.bool()
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
@@ -210,8 +231,8 @@ def gspo_loss(
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     lp = torch.where(mask, logprobs, zero)
     # The whole log-ratio is clamped, not only its detached part: beyond the bound the value stays
-    # at exp(20) AND the gradient is 0, as for the token ratio of the clipped surrogate.
-    token_log_ratio = (seq_log_ratio.detach()[:, None] + lp - lp.detach()).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    # at exp(10) AND the gradient is 0.
+    token_log_ratio = (seq_log_ratio.detach()[:, None] + lp - lp.detach()).clamp(max=_GSPO_LOG_RATIO_MAX)
     ratio = torch.exp(token_log_ratio)
     adv = _token_advantages(advantages, mask, ratio.dtype)
     unclipped = ratio * adv
@@ -280,6 +301,30 @@ def reinforce_loss(
     per_token = torch.where(mask, -adv * torch.where(mask, logprobs, zero), zero)
     one = torch.ones((), dtype=logprobs.dtype, device=logprobs.device)
     return per_token, {"clip_fraction": zero.detach().clone(), "ratio_mean": one, "ratio_max": one.clone()}
+
+
+@register_policy_loss("gpg", advantage_weighted=True)
+def gpg_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps_low: float = 0.0,
+    clip_eps_high: float = 0.0,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GPG's loss: the policy gradient itself, no surrogate, no ratio, no clip.
+
+    "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning", Chu et al.,
+    2025, arXiv:2504.02546 (verl's ``gpg``)::
+
+        loss_t = -A_t * logp_t
+
+    The same per-token loss as :func:`reinforce_loss`; GPG's corrections live in its advantage
+    (:func:`~reinforge.algorithms.advantages.gpg_advantages`) and its token-mean aggregation.
+    Exact only on fresh samples (one update per batch)."""
+    return reinforce_loss(logprobs, old_logprobs, advantages, mask)
 
 
 def policy_loss(name: str, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **kw):
@@ -357,145 +402,6 @@ def truncated_importance_weights(
     return weights, stats
 
 
-COV_PENALTIES = ("none", "clip_cov", "kl_cov")
-
-
-def tokens_with_gradient(
-    loss_name: str, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **loss_opts
-) -> Tensor:
-    """[N, T] bool: the tokens whose policy-loss gradient is not zero at these log-probs.
-
-    A token the ratio clip (or the dual clip) has cut off, or one with a zero advantage, already
-    gets no gradient; Clip-Cov leaves those out of its draw, since detaching them would change
-    nothing and use up the budget. Computed by differentiating the registered loss ``loss_name``
-    itself (with ``loss_opts``: the clip ranges), so it holds for every loss. No gradient flows
-    into the inputs."""
-    mask = mask.bool()
-    with torch.enable_grad():
-        lp = logprobs.detach().clone().requires_grad_(True)
-        per_token, _ = policy_loss(loss_name, lp, old_logprobs.detach(), advantages.detach(), mask, **loss_opts)
-        (grad,) = torch.autograd.grad(per_token.sum(), lp, allow_unused=True)
-    if grad is None:
-        return torch.zeros_like(mask)
-    return mask & (grad != 0)
-
-
-def covariance_token_selection(
-    logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    mode: str,
-    *,
-    ratio: float,
-    bounds: tuple[float, float] = (1.0, 5.0),
-    generator: torch.Generator | None = None,
-    eligible: Tensor | None = None,
-) -> Tensor:
-    """The tokens Clip-Cov or KL-Cov act on, from the covariance of log-prob and advantage.
-
-    "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", Cui et al.,
-    2025, arXiv:2505.22617. Entropy falls fastest through tokens whose log-prob and advantage
-    co-vary strongly. Per real token, with means over all real tokens of the batch::
-
-        cov_t = (logp_t - mean(logp)) * (A_t - mean(A))
-
-    - "clip_cov": among tokens with ``bounds[0] < cov_t < bounds[1]`` that are ``eligible``,
-      pick ``max(1, int(ratio * n_tokens))`` at random (``generator``); their gradient is then
-      dropped. ``eligible`` (default: every real token) should leave out the tokens whose
-      gradient is already zero (:func:`tokens_with_gradient`), as the authors' code leaves out
-      the tokens the PPO clip cuts off: otherwise those use up the draw.
-    - "kl_cov": the ``max(1, int(ratio * n_tokens))`` tokens with the largest ``cov_t``; they get a
-      penalty ``coef * |logp - logp_old|`` (:func:`kl_cov_loss`).
-
-    ``n_tokens`` and the means count every real token, eligible or not. Returns [N, T] bool
-    (False on padding and for mode "none").
-    """
-    mask = mask.bool()
-    sel = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
-    if mode == "none" or not mask.any():
-        return sel
-    if mode not in COV_PENALTIES:
-        raise ValueError(f"unknown covariance penalty {mode!r}; expected one of {COV_PENALTIES}")
-    lp = logprobs.detach().to(torch.float64)
-    adv = _token_advantages(advantages.detach(), mask, torch.float64)
-    n = int(mask.sum())
-    lp_c = lp - lp[mask].mean()
-    adv_c = adv - adv[mask].mean()
-    cov = torch.where(mask, lp_c * adv_c, torch.full_like(lp, -torch.inf))
-    k = max(1, int(ratio * n))
-    flat = cov.flatten()
-    if mode == "kl_cov":
-        idx = torch.topk(flat, min(k, n)).indices
-    else:
-        window = (flat > bounds[0]) & (flat < bounds[1])
-        if eligible is not None:
-            window &= eligible.bool().flatten()
-        cand = window.nonzero().squeeze(1)
-        if len(cand) == 0:
-            return sel
-        perm = torch.randperm(len(cand), generator=generator)[: min(k, len(cand))].to(cand.device)
-        idx = cand[perm]
-    sel.view(-1)[idx] = True
-    return sel
-
-
-def kl_cov_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    selected: Tensor,
-    *,
-    coef: float = 1.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """KL-Cov's per-token loss (Cui et al., 2025, arXiv:2505.22617): the UNCLIPPED surrogate on
-    every token, plus a penalty on the ``selected`` high-covariance tokens, in place of PPO's clip::
-
-        loss_t = -A_t * rho_t  +  [t in selected] * coef * |logp_t - logp_old_t|
-
-    with ``rho_t = exp(logp_t - logp_old_t)`` (log clamped to [-20, 20]). On a fresh batch
-    (``logp_old = sg(logp)``) it is the plain policy gradient. Returns ``(per_token [N, T], stats)``
-    like the policy losses, ``clip_fraction`` 0 (nothing is clipped)."""
-    mask = mask.bool()
-    log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
-    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
-    adv = _token_advantages(advantages, mask, ratio.dtype)
-    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-    penalty = torch.where(selected.bool() & mask, coef * log_ratio.abs(), zero)
-    per_token = torch.where(mask, -adv * ratio + penalty, zero)
-    return per_token, _ratio_stats(ratio, mask, torch.zeros_like(mask))
-
-
-def apply_cov_penalty(
-    mode: str,
-    per_token: Tensor,
-    stats: dict[str, Tensor],
-    *,
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    selected: Tensor,
-    kl_coef: float = 1.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The policy loss ``(per_token, stats)`` with the covariance regulariser ``mode`` applied on
-    the ``selected`` tokens (:func:`covariance_token_selection`):
-
-    - "clip_cov": the selected tokens keep their loss value and lose their gradient.
-    - "kl_cov": the loss becomes :func:`kl_cov_loss` (the ratio clip is replaced, as in the paper
-      and its authors' code, not stacked under the penalty).
-    - "none": unchanged.
-    """
-    if mode == "none":
-        return per_token, stats
-    sel = selected.bool() & mask.bool()
-    if mode == "clip_cov":
-        return torch.where(sel, per_token.detach(), per_token), stats
-    if mode == "kl_cov":
-        return kl_cov_loss(logprobs, old_logprobs, advantages, mask, sel, coef=kl_coef)
-    raise ValueError(f"unknown covariance penalty {mode!r}; expected one of {COV_PENALTIES}")
-
-
 def kl_penalty(
     logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k3"
 ) -> Tensor:
@@ -513,11 +419,21 @@ def kl_penalty(
     ``low_var_kl``): a token whose reference log-prob is far above its own (d = -4 gives 49.6,
     gradient -53.6) would otherwise dominate the loss.
 
+    Two more, as verl has them::
+
+        abs = |d|                       (verl's ``abs``)
+        k3+ = value of k3, gradient of k2: d * grad logp      (straight-through)
+
+    k3+ (verl's ``k3+``): k1 and k3 are unbiased estimates of the KL's value but their expected
+    gradients are not the KL's gradient; k2's is (for samples from pi, E[d grad logp] = grad
+    KL(pi || pi_ref)). So k3+ reports k3 (clamped as above) and differentiates as k2, with the
+    gradient ``d`` unclamped, as verl's straight-through does.
+
     Args:
         logprobs: [N, T] log-probs under the policy being trained.
         ref_logprobs: [N, T] log-probs under the reference policy.
         mask: [N, T] bool, True on real tokens.
-        estimator: "k1", "k2" or "k3".
+        estimator: "k1", "k2", "k3", "k3+" or "abs".
 
     Returns:
         [N, T], 0 on padding.
@@ -529,5 +445,11 @@ def kl_penalty(
         return d
     if estimator == "k2":
         return 0.5 * d * d
+    if estimator == "abs":
+        return d.abs()
     neg = (-d).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)  # log(pi_ref / pi)
-    return (torch.exp(neg) - neg - 1.0).clamp(max=K3_MAX)
+    k3 = (torch.exp(neg) - neg - 1.0).clamp(max=K3_MAX)
+    if estimator == "k3+":
+        k2 = 0.5 * d * d
+        return k2 - k2.detach() + k3.detach()
+    return k3

@@ -36,12 +36,15 @@ class AlgorithmConfig(_Section):
         "group-mean baseline, then batch whitening; 'remax': the prompt's greedy completion's "
         "reward as baseline (arXiv:2310.10505; one extra greedy sample per prompt); 'gae': "
         "GAE with a learned critic (PPO, arXiv:1707.06347; see the `critic` section); 'passk': "
-        "advantages of the pass@k objective (arXiv:2508.10751; uses correctness, see passk_k). "
+        "advantages of the pass@k objective (arXiv:2508.10751; uses correctness, see passk_k); "
+        "'opo': reward minus the length-weighted group mean, the optimal baseline (OPO, "
+        "arXiv:2505.23585); 'gpg': group-mean advantage times N / (samples in informative groups) "
+        "(GPG, arXiv:2504.02546). "
         "Any estimator registered with reinforge.algorithms.register_advantage is accepted.",
     )
     scale_rewards: Literal[SCALE_MODES] = Field(
         "group",
-        description="For grpo/rloo/remax: divide advantages by the std of rewards in the group "
+        description="For grpo/rloo/remax/opo/gpg: divide advantages by the std of rewards in the group "
         "('group', GRPO), in the whole batch ('batch', Lite PPO), or not at all ('none', Dr. "
         "GRPO). true/false are read as 'group'/'none'.",
     )
@@ -50,12 +53,40 @@ class AlgorithmConfig(_Section):
         description="'clipped': PPO's clipped surrogate with clip_eps_low/high (arXiv:1707.06347, "
         "clip-higher from DAPO arXiv:2503.14476) and optional dual_clip; 'gspo': sequence-level "
         "ratio (arXiv:2507.18071); 'cispo': clipped, detached importance weight times log-prob "
-        "(arXiv:2506.13585); 'reinforce': -A * log-prob, no ratio (exact only on fresh samples). "
+        "(arXiv:2506.13585); 'reinforce' and 'gpg' (GPG, arXiv:2504.02546): -A * log-prob, no "
+        "ratio (exact only on fresh samples); 'sapo': a smooth sigmoid gate on the ratio instead of "
+        "the clip, temperatures sapo_tau_pos/neg (SAPO, arXiv:2511.20347); 'gmpo': geometric mean "
+        "of the token ratios, clipped in log space to [-clip_eps_low, clip_eps_high] (GMPO, "
+        "arXiv:2507.20673; verl's geo_mean); 'dppo_tv' / 'dppo_kl': truncated-IS policy gradient "
+        "masked where the token's TV / binary-KL divergence leaves the trust region clip_eps_low/high "
+        "(DPPO, arXiv:2602.04879); 'dro': -A * log-prob + dro_beta/2 * (logp - logp_old)^2 "
+        "(verl's dro, after arXiv:2405.19107). "
         "Any loss registered with reinforge.algorithms.register_policy_loss is accepted.",
     )
-    clip_eps_low: float = Field(0.2, ge=0, description="Lower clip range of the ratio, 1-eps.")
+    clip_eps_low: float = Field(
+        0.2, ge=0, description="Lower clip range of the ratio, 1-eps (gmpo: of the log-ratio, -eps; "
+        "dppo_tv/dppo_kl: the divergence threshold for negative advantages)."
+    )
     clip_eps_high: float = Field(
-        0.2, ge=0, description="Upper clip range of the ratio, 1+eps (DAPO's clip-higher: 0.28)."
+        0.2, ge=0, description="Upper clip range of the ratio, 1+eps (DAPO's clip-higher: 0.28; gmpo: of "
+        "the log-ratio, +eps; dppo_tv/dppo_kl: the divergence threshold for positive advantages)."
+    )
+    sapo_tau_pos: float = Field(
+        1.0, gt=0, description="SAPO's gate temperature for positive advantages (policy_loss=sapo; "
+        "'Soft Adaptive Policy Optimization', arXiv:2511.20347: 1.0)."
+    )
+    sapo_tau_neg: float = Field(
+        1.05, gt=0, description="SAPO's gate temperature for negative advantages (policy_loss=sapo; "
+        "paper: 1.05, above tau_pos so that negative updates fade faster)."
+    )
+    dppo_ratio_cap: float = Field(
+        20.0, gt=0, description="Truncation of DPPO's importance weight min(ratio, cap) (policy_loss="
+        "dppo_tv/dppo_kl; 'Rethinking the Trust Region in LLM RL', arXiv:2602.04879, section 5.4: "
+        "keep it large)."
+    )
+    dro_beta: float = Field(
+        0.1, ge=0, description="Weight of the quadratic log-ratio penalty of policy_loss=dro "
+        "(beta/2 * (logp - logp_old)^2; after DRO, arXiv:2405.19107)."
     )
     dual_clip: float | None = Field(
         None, gt=1,
@@ -75,7 +106,8 @@ class AlgorithmConfig(_Section):
     kl_estimator: Literal[KL_ESTIMATORS] = Field(
         "k3",
         description="KL estimator of the loss term (Schulman, 'Approximating KL Divergence', 2020); "
-        "k3 is clamped to at most 10, with zero gradient beyond.",
+        "k3 is clamped to at most 10, with zero gradient beyond; 'k3+': k3's value with k2's "
+        "gradient (straight-through, unbiased KL gradient; verl's k3+); 'abs': |logp - logp_ref|.",
     )
     kl_reward_coef: float = Field(
         0.0, ge=0,
@@ -92,11 +124,12 @@ class AlgorithmConfig(_Section):
         description="Covariance-based token regulariser of 'The Entropy Mechanism of RL for "
         "Reasoning LMs' (arXiv:2505.22617): 'clip_cov' drops the gradient of a random share "
         "cov_ratio of tokens whose log-prob/advantage covariance lies in cov_bounds, drawn among "
-        "tokens that still have a gradient (not cut off by the ratio clip); 'kl_cov' replaces the "
-        "ratio clip: the unclipped surrogate -A*ratio on every token plus "
+        "tokens not cut off by the ratio clip (zero-advantage tokens included, as in the paper); "
+        "'kl_cov' replaces the ratio clip: the unclipped surrogate -A*ratio on every token plus "
         "kl_cov_coef*|logp - logp_old| on the top cov_ratio tokens (the penalty is zero on the "
         "first, fresh update of a batch: it needs epochs or mini_batches > 1; policy_loss=clipped "
-        "only). Covariances use the rollout-time log-probs, once per update.",
+        "only). Covariances use the current policy's log-probs over the whole (mini-)batch, as the "
+        "paper does: after a batch's first update that costs one no-grad forward per update.",
     )
     cov_ratio: float = Field(2e-4, gt=0, le=1, description="Share of tokens Clip-Cov/KL-Cov act on (paper: 2e-4 / 2e-3).")
     cov_bounds: tuple[float, float] = Field((1.0, 5.0), description="Clip-Cov's covariance window (lower, upper).")

@@ -126,7 +126,7 @@ class LearnerConfig(_Section):
         "to float rounding. Applies only when nothing else reads those rows in the loss: no KL "
         "term (algorithm.kl_coef=0), no entropy bonus (entropy_coef=0), no covariance penalty "
         "(cov_penalty=none), no critic (advantage=gae), and a policy loss registered as "
-        "advantage-weighted (every built-in one). The logged entropy, clip fraction and ratio are "
+        "advantage-weighted (every built-in one but dro). The logged entropy, clip fraction and ratio are "
         "then over the rows that ran (absent from a step that ran none); learner_rows_skipped is the "
         "share left out.",
     )

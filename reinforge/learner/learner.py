@@ -19,12 +19,13 @@ import torch
 from ..algorithms import (
     aggregate_loss,
     apply_cov_penalty,
+    clip_cov_candidates,
     covariance_token_selection,
     entropy_from_logits,
     is_advantage_weighted,
     kl_penalty,
     policy_loss,
-    tokens_with_gradient,
+    policy_loss_options,
 )
 from ..batch import RolloutBatch, TrainBatch
 from ..config import AlgorithmConfig, LearnerConfig
@@ -79,6 +80,7 @@ class Learner:
         self.reference_model = reference_model
         self.last_fresh_logprobs: torch.Tensor | None = None
         self.last_fresh_rows: torch.Tensor | None = None  # [N] bool: the rows last_fresh_logprobs holds
+        self.last_cov_selected: torch.Tensor | None = None  # [N, T] bool: Clip-Cov/KL-Cov's tokens, last step
         # Called before each micro-batch of ``step`` (nothing is applied until its optimiser step):
         # the trainer's stop control raises there to abandon the update within one micro-batch.
         self.before_micro_batch: Callable[[], None] | None = None
@@ -268,25 +270,29 @@ class Learner:
             num_tokens = float(loss_mask.sum().clamp(min=1))
         num_sequences = float(len(rollout))
         agg = dict(num_tokens=num_tokens, num_sequences=num_sequences)
-        loss_opts = dict(clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip)
+        loss_opts = policy_loss_options(algo.policy_loss, algo)
         # Which tokens Clip-Cov/KL-Cov act on is decided once for the whole batch, so that the
         # micro-batch split cannot change it.
         selected = None
         if algo.cov_penalty != "none":
-            lp_ref = batch.old_logprobs if batch.old_logprobs is not None else rollout.sampler_logprobs
+            # The covariance is the CURRENT policy's (Cui et al.: Cov(log pi_theta, A) at the
+            # parameters being updated). On a fresh batch the policy is the one that sampled it and
+            # the sampler's log-probs stand in; after the batch's first update it has moved, and one
+            # no-grad forward gives them.
+            if batch.old_logprobs is None:
+                current, old = rollout.sampler_logprobs, rollout.sampler_logprobs
+            else:
+                current, old = self.compute_logprobs(rollout), batch.old_logprobs
             eligible = None
             if algo.cov_penalty == "clip_cov":
-                # Clip-Cov draws among tokens that still have a gradient; whether the ratio clip
-                # cuts one off needs the current log-probs (one no-grad forward), except on a
-                # fresh batch (ratio 1).
-                current = lp_ref if batch.old_logprobs is None else self.compute_logprobs(rollout)
-                eligible = tokens_with_gradient(
-                    algo.policy_loss, current, lp_ref, batch.advantages, loss_mask, **loss_opts
-                )
+                # Clip-Cov draws among tokens the ratio clip has not cut off (none is on a fresh batch).
+                eligible = clip_cov_candidates(algo.policy_loss, current, old, batch.advantages, loss_mask,
+                                               **loss_opts)
             selected = covariance_token_selection(
-                lp_ref, batch.advantages, loss_mask, algo.cov_penalty,
+                current, batch.advantages, loss_mask, algo.cov_penalty,
                 ratio=algo.cov_ratio, bounds=tuple(algo.cov_bounds), eligible=eligible,
             )
+        self.last_cov_selected = selected
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "clip_fraction": 0.0, "ratio_max": 0.0, "entropy": 0.0}
