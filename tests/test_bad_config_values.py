@@ -6,11 +6,10 @@ with an estimator that compares a prompt's samples, and a run folder that cannot
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 import torch
-from tiny_run import ROOT, cli_env, save_tiny_run_inputs, tiny_run_overrides
+from tiny_run import cli_in_process, save_tiny_run_inputs, tiny_run_overrides
 
 from reinforge.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages, register_advantage
 from reinforge.config import ConfigError, build_config
@@ -138,8 +137,7 @@ def inputs(tmp_path_factory):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reinforge.cli", "train", *args], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=600, check=False)
+    return cli_in_process("train", *args)  # a refusal needs no process of its own
 
 
 def test_the_cli_refuses_a_bad_value_in_one_line(inputs):

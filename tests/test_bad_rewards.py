@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from tiny_run import ROOT, cli_env, save_tiny_run_inputs, tiny_run_overrides
+from tiny_run import cli_in_process, save_tiny_run_inputs, tiny_run_overrides
 
 from reinforge.config import ConfigError, build_config
 from reinforge.evaluation.guardrails import Guardrails
@@ -189,8 +188,7 @@ def root(tmp_path_factory):
 
 
 def _train(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reinforge.cli", "train", *args], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=600)
+    return cli_in_process("train", *args)  # the CLI's entry point, in this process (a start costs seconds)
 
 
 def _reinforge_lines(proc: subprocess.CompletedProcess) -> list[str]:
@@ -248,33 +246,35 @@ def test_the_bound_can_be_raised_for_a_reward_that_means_it(root, bound, errors)
     assert m["reward_errors"] == errors and m["reward_mean"] == (0.0 if errors else 1e7)
 
 
-# The NaN guard, driven by the real CLI in its own process: an advantage estimator registered in
-# that process gives NaN advantages from its FROM-th call on (a numerical blow-up).
-NAN_CLI = '''
-import sys
-import reinforge
-from reinforge.cli import main
+# The NaN guard, driven through the CLI's entry point: an advantage estimator registered here gives
+# NaN advantages from its NAN_FROM-th call on (a numerical blow-up).
+NAN_FROM = 2
+_nan_calls: list[int] = []
 
-calls = []
 
-@reinforge.register_advantage("nan_from")
-def nan_from(x):
-    calls.append(1)
-    r = x.sequence_rewards()
-    return reinforge.Advantages(r - r.mean() + (float("nan") if len(calls) >= int(sys.argv[1]) else 0.0))
+def _register_nan_from():
+    import reinforge
+    from reinforge.algorithms import ADVANTAGE_ESTIMATORS
 
-sys.exit(main(["train", *sys.argv[2:]]))
-'''
+    if "nan_from" in ADVANTAGE_ESTIMATORS:
+        return
+
+    @reinforge.register_advantage("nan_from")
+    def nan_from(x):
+        _nan_calls.append(1)
+        r = x.sequence_rewards()
+        return reinforge.Advantages(r - r.mean() + (float("nan") if len(_nan_calls) >= NAN_FROM else 0.0))
 
 
 @pytest.mark.parametrize("checkpoint_every", [0, 1])
 def test_the_nan_guard_says_what_is_true_about_checkpoints(root, checkpoint_every):
+    _register_nan_from()
+    _nan_calls.clear()
     name = f"nan-{checkpoint_every}"
     args = tiny_run_overrides(root, name, "algorithm.advantage=nan_from", "trainer.steps=4", "trainer.eval_every=0",
                               "trainer.eval_at_start=false", f"trainer.checkpoint_every={checkpoint_every}",
                               "trainer.max_consecutive_nan=2")
-    proc = subprocess.run([sys.executable, "-c", NAN_CLI, "2", *args], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = cli_in_process("train", *args)
     run = root / "runs" / name
     (line,) = _reinforge_lines(proc)
     assert proc.returncode != 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import json
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_run import ROOT, cli_env, copy_run, save_tiny_run_inputs, tiny_run_overrides
+from tiny_run import cli_in_process, copy_run, save_tiny_run_inputs, tiny_run_overrides
 
 from reinforge.config import build_config
 from reinforge.evaluation.compare import collect_runs
@@ -58,10 +57,6 @@ def _no_weights(root: Path):
         weights.with_suffix(".away").rename(weights)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reinforge.cli", *args], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=900)
-
 
 def _refused_line(proc: subprocess.CompletedProcess) -> str:
     """The one `reinforge:` line of a refused command (exit status 1, no traceback, no model load)."""
@@ -72,23 +67,12 @@ def _refused_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def _main(*args: str) -> subprocess.CompletedProcess:
-    """The CLI's own entry point in this process (a refusal needs no process boundary, and a
-    process start costs seconds): its exit status and what it wrote to stderr."""
-    from reinforge.cli import main
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return subprocess.CompletedProcess(args, code, "", err.getvalue())
-
-
 def _resume_damaged(root: Path, name: str, damage) -> tuple[Path, str]:
     """A copy of the base run, damaged by ``damage(run)``, resumed to step 6 without model weights."""
     run = copy_run(root, "base", name)
     damage(run)
     with _no_weights(root):
-        proc = _main("train", "--resume", str(run), "trainer.steps=6")
+        proc = cli_in_process("train", "--resume", str(run), "trainer.steps=6")
     return run, _refused_line(proc)
 
 
@@ -105,7 +89,7 @@ def test_a_garbage_status_json_is_named_before_the_model_loads_and_the_fix_works
     assert "delete it (a resume writes a new one)" in line
     assert (run / "status.json").read_text() == "}{ garbage"  # left as found
     (run / "status.json").unlink()  # the fix the line gives
-    proc = _cli("train", "--resume", str(run), "trainer.steps=4")
+    proc = cli_in_process("train", "--resume", str(run), "trainer.steps=4")
     assert proc.returncode == 0, proc.stderr
     assert _steps(run) == [1, 2, 3, 4] and RunDir.open(run).status()["state"] == "finished"
 
@@ -122,7 +106,7 @@ def test_a_garbage_eval_detail_file_is_refused_before_any_step_trains(root):
     assert f"{run / detail}: not valid JSON" in line and "delete it" in line
     assert _steps(run) == [1, 2, 3]  # nothing trained
     (run / detail).unlink()  # the fix: the summary then pairs the evaluations that are left
-    proc = _cli("train", "--resume", str(run), "trainer.steps=4", "trainer.eval_every=4")
+    proc = cli_in_process("train", "--resume", str(run), "trainer.steps=4", "trainer.eval_every=4")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["heldout_accuracy"]["from_step"] == 3 and summary["heldout_accuracy"]["to_step"] == 4
@@ -174,7 +158,7 @@ def test_lost_metrics_warn_and_the_summary_counts_every_trained_step(root, damag
         data = metrics.read_bytes()
         metrics.write_bytes(data[: data.index(b"\n") + 20])
         lost = [2, 3]
-    proc = _cli("train", "--resume", str(run), "trainer.steps=6")
+    proc = cli_in_process("train", "--resume", str(run), "trainer.steps=6")
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr.splitlines()
     warning = [i for i, line in enumerate(err) if line.startswith("warning:") and "metrics.jsonl" in line]
@@ -202,7 +186,7 @@ def test_runs_lists_every_run_and_marks_the_damaged_ones(root):
     (folder / "segments" / "segments.json").write_text("[]")
     data = (folder / "metrics" / "metrics.jsonl").read_bytes()
     (folder / "metrics" / "metrics.jsonl").write_bytes(data[: data.index(b"\n") + 1])
-    proc = _cli("runs", str(folder))
+    proc = cli_in_process("runs", str(folder))
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]}
     assert sorted(rows) == ["config", "good-a", "good-b", "metrics", "segments", "status"]

@@ -8,11 +8,10 @@ import json
 import logging
 import re
 import subprocess
-import sys
 
 import pytest
 from conftest import make_tokenizer
-from tiny_run import ROOT, cli_env, save_tiny_run_inputs, tiny_run_overrides
+from tiny_run import cli_in_process, save_tiny_run_inputs, tiny_run_overrides
 
 from reinforge.config import ConfigError, build_config
 from reinforge.rollout.context import fit_prompts, model_context
@@ -131,8 +130,7 @@ def inputs(tmp_path_factory):
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reinforge.cli", "train", *args], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=600, check=False)
+    return cli_in_process("train", *args)  # a refusal needs no process of its own
 
 
 def test_the_cli_refuses_a_prompt_beyond_the_context_before_training(inputs):

@@ -84,9 +84,14 @@ def test_recipe_components_can_be_overridden(tmp_path):
         build_config({}, ["algorithm.policy_loss=ppo2"])
 
 
-def test_recipes_cli_lists_papers_and_shows_presets():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "reinforge.cli", "recipes", *a],  # noqa: E731
-                                    capture_output=True, text=True, cwd=ROOT, timeout=120)
+def test_recipes_cli_lists_papers_and_shows_presets(capsys):
+    from reinforge.cli import main
+
+    def run(*a):  # the CLI's entry point in this process: a listing needs no process of its own
+        code = main(["recipes", *a])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(a, code, out.out, out.err)
+
     listing = run()
     assert listing.returncode == 0
     for name, recipe in RECIPES.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_run import sevens as sevens_reward  # configs name it 'test_trainer:sevens_reward'
-from tiny_run import spawn_cli, tiny_run_overrides, write_task
+from tiny_run import cli_in_process, spawn_cli, tiny_run_overrides, write_task
 
 from reinforge.config import build_config
 from reinforge.trainer import Trainer
@@ -178,23 +178,23 @@ def test_repeated_nan_stops_with_checkpoint_intact(tmp_path, tiny_model_dir, mon
 
 
 def test_bad_model_path_fails_before_loading(tmp_path):
-    proc = spawn_cli(["train", "model.path=/nonexistent/model", f"tracking.output_dir={tmp_path}"])
-    out, _ = proc.communicate(timeout=120)
+    proc = cli_in_process(*["train", "model.path=/nonexistent/model", f"tracking.output_dir={tmp_path}"])  # refused: no process of its own needed
+    out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "model.path='/nonexistent/model' does not exist" in out
     assert "Traceback" not in out
 
 
 def test_bad_config_key_names_accepted_keys(tmp_path):
-    proc = spawn_cli(["train", "trainer.stepz=3"])
-    out, _ = proc.communicate(timeout=60)
+    proc = cli_in_process(*["train", "trainer.stepz=3"])  # refused: no process of its own needed
+    out = proc.stdout + proc.stderr
     assert proc.returncode == 2
     assert "trainer.stepz" in out and "accepted keys here: steps" in out
 
 
 def test_unknown_task_is_named(tmp_path):
-    proc = spawn_cli(["train", "task.name=leg_countin", f"tracking.output_dir={tmp_path}"])
-    out, _ = proc.communicate(timeout=120)
+    proc = cli_in_process(*["train", "task.name=leg_countin", f"tracking.output_dir={tmp_path}"])  # refused: no process of its own needed
+    out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "leg_countin" in out and "leg_counting" in out and "Traceback" not in out
 

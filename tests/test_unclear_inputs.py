@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from tiny_run import ROOT, cli_env, save_tiny_run_inputs, tiny_run_overrides
+from tiny_run import cli_in_process, save_tiny_run_inputs, tiny_run_overrides
 
 from reinforge.config import ConfigError, load_config
 from reinforge.config.callables import load_callable
@@ -45,8 +44,7 @@ def root(tmp_path_factory):
 
 
 def _train(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reinforge.cli", "train", *args], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=600)
+    return cli_in_process("train", *args)  # a refusal needs no process of its own
 
 
 def _model_without_weights(root: Path) -> Path:

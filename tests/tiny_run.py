@@ -7,7 +7,10 @@ config can name ``'tiny_run:sevens'`` as its python verifier; loading it imports
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -121,3 +124,25 @@ def wait_for_a_logged_step(proc: subprocess.Popen, run: Path, message: str, time
             raise AssertionError(proc.stdout.read())
         assert time.time() < deadline, message
         time.sleep(0.1)
+
+
+def cli_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``reinforge *args`` through the CLI's own entry point in this process, for commands that
+    are refused or need no process of their own (a process start costs seconds on two cores):
+    its exit status, its stdout, and its stderr with the log records a process would print there."""
+    from reinforge.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            code = main(list(args))
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
