@@ -4,7 +4,7 @@ token-out agent loop that returns the trainer's ``RolloutBatch`` (docs/agents.md
 from __future__ import annotations
 
 from reinforge.agents.env import Env, StepResult, ToolEnv
-from reinforge.agents.registry import ENVS, EnvSpec, env_factory, env_spec, register_env
+from reinforge.agents.registry import ENVS, EnvSpec, env_factory, env_spec, make_env_task, register_env
 from reinforge.agents.loop import AgentBudgets, AgentGenerator, Episode, TurnRecord
 from reinforge.agents.render import ChatRenderer
 from reinforge.agents.scoring import AgentReward, agent_metrics, turn_returns, write_trajectories
@@ -25,9 +25,11 @@ def build_run_task(cfg):
         return verifiers_task(cfg)
     spec = env_spec(cfg.env.name)
     if spec.make_task is None:
-        raise TaskError(f"task.source=env but environment {cfg.env.name!r} makes no examples; "
-                        "use a task source (reasoning_gym, file, code) for it")
-    return spec.make_task(cfg.task)
+        raise TaskError(f"task.source=env but environment {cfg.env.name!r} makes no examples: give it a "
+                        "make_task (register_env(name, make_task=...), or for a factory named as "
+                        "'module:function' the attribute function.make_task = make_my_task; docs/agents.md), "
+                        "or use a task source (reasoning_gym, file, code) for it")
+    return make_env_task(spec, cfg.task, dict(cfg.env.options))
 
 
 def build_agent(cfg, generator, reward_fn, task) -> tuple[AgentGenerator, AgentReward]:

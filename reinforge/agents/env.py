@@ -34,13 +34,17 @@ class StepResult:
                   final answer by ``reward.verifiers``).
     done:         the episode is over (the model gave its final answer, won, or lost).
     info:         anything to record; the agent loop counts ``tool_calls``, ``invalid_calls`` and
-                  ``tool_errors`` and keeps ``tool_results`` in the trajectory file.
+                  ``tool_errors`` and keeps ``tool_results`` in the trajectory file; ``"success"``
+                  (a bool) is the environment's verdict on the episode (held-out "correct").
+    truncated:    with ``done``: the environment cut the episode short (a time limit), so it is
+                  truncated, not finished (gymnasium's ``truncated``); not a success.
     """
 
     observations: list[dict]
     reward: float = 0.0
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    truncated: bool = False
 
     def __iter__(self):
         return iter((self.observations, self.reward, self.done, self.info))

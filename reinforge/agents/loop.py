@@ -55,8 +55,8 @@ from reinforge.rollout.kv_cache import PreallocatedCache, PreallocatedLayer
 
 @dataclass
 class AgentBudgets:
-    """max_turns: model turns per trajectory; max_tokens_per_turn: tokens the model may sample in
-    one turn; max_tokens: all tokens after the prompt (the model's and the observations')."""
+    """max_turns: model turns per trajectory; max_tokens_per_turn: tokens one turn may sample;
+    max_tokens: all tokens after the prompt (the model's and the observations')."""
 
     max_turns: int = 4
     max_tokens_per_turn: int = 64
@@ -89,8 +89,9 @@ class Episode:
                  template as ``tools=`` (empty with the fallback).
     token_ids:   every token after the prompt; ``action_mask`` True on the ones the model sampled
                  (the only ones trained on), ``logprobs`` their sampling log-probs (0 elsewhere).
-    truncated:   a budget ended it (``truncation``: "max_turns", "max_tokens_per_turn",
-                 "max_tokens", or "env_error" when the environment's step raised).
+    truncated:   a budget ended it (``truncation``: "max_turns", "max_tokens_per_turn", "max_tokens";
+                 "env_error": the environment's step raised; "env": its own limit, StepResult.truncated).
+    success:     the environment's verdict (the last ``info["success"]`` it gave), None if none.
     """
 
     example_id: str
@@ -105,6 +106,7 @@ class Episode:
     truncation: str | None = None
     env_error: str | None = None
     tools: list[dict] = field(default_factory=list)
+    success: bool | None = None
 
     @property
     def final_text(self) -> str:
@@ -139,7 +141,7 @@ class Episode:
             "example_id": self.example_id, "messages": self.messages, "tools": self.tools, "turns": turns,
             "num_turns": len(self.turns), "tool_calls": self.tool_calls, "invalid_calls": self.invalid_calls,
             "tool_errors": self.tool_errors, "done": self.done, "truncated": self.truncated,
-            "truncation": self.truncation, "env_error": self.env_error,
+            "truncation": self.truncation, "env_error": self.env_error, "success": self.success,
             "prompt_ids": self.prompt_ids, "token_ids": self.token_ids,
             "trained_mask": [int(a) for a in self.action_mask],
             "logprobs": [round(x, 6) for x in self.logprobs],
@@ -308,6 +310,8 @@ class AgentGenerator(WrappedGenerator):
         per_chunk = max(1, self.base.batch_size // g) * g
         for i in range(0, len(rows), per_chunk):
             self._run(rows[i : i + per_chunk], params)
+        for r in rows:  # an environment may hold a resource (a server session, a process): freed now
+            getattr(r.env, "close", lambda: None)()
         episodes = [r.ep for r in rows]
         if record:
             self.recorded.extend(episodes)
@@ -506,8 +510,12 @@ class AgentGenerator(WrappedGenerator):
             return
         turn.reward, turn.info = float(result.reward), dict(result.info)
         turn.observations = [dict(m) for m in result.observations]
+        if result.info.get("success") is not None:
+            ep.success = bool(result.info["success"])
         if result.done:
             ep.done, row.state = True, _DONE
+            if result.truncated:  # the environment's own limit: over, but not finished
+                ep.truncated, ep.truncation = True, "env"
             return
         if len(ep.turns) >= self._max_turns(row):
             ep.truncated, ep.truncation, row.state = True, "max_turns", _DONE

@@ -13,11 +13,15 @@ A trajectory's reward (docs/agents.md):
   estimators (REINFORCE++, GAE with algorithm.gamma=1) equal ``G_t`` on turn t's tokens:
   ``x_t = r_t - (1 - gamma) * G_{t+1}``;
 - a truncated trajectory (a budget ended it) is not correct, and with ``env.truncated_reward`` set
-  its whole reward is that value (and its turn rewards 0).
+  its whole reward is that value (and its turn rewards 0); an episode the environment itself cut
+  short (truncation "env") keeps the environment's rewards, and is not correct either;
+- correct: the environment's own verdict (``Episode.success``, from ``info["success"]``) when it
+  gave one, else the outcome verifiers'. This is held-out accuracy for environments such as games.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from reinforge.agents.reward_checks import RewardChecks
 from reinforge.rewards.compose import RewardFunction, RewardOutcome, Scores
 
 
@@ -78,6 +83,7 @@ class AgentReward(WrappedReward):
         self.turn_rewards = turn_rewards
         self.gamma = float(turn_discount)
         self.truncated_reward = truncated_reward
+        self.checks = RewardChecks(truncated_reward)  # warnings the first trajectories reveal
 
     def score(self, rollout, examples: Sequence) -> Scores:
         episodes = getattr(rollout, "episodes", None)
@@ -85,12 +91,15 @@ class AgentReward(WrappedReward):
             raise ValueError("agent rewards score rollouts from AgentGenerator.generate_examples (rows with episodes)")
         trajectories = [rollout.trajectory(i) for i in range(len(rollout))]
         outcomes = self.reward_fn([e.final_text for e in episodes], examples, trajectories)
+        self.checks.observe(episodes, outcomes, self.reward_fn)
         rewards = torch.zeros(len(rollout), dtype=torch.float32)
         token = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32) if self.turn_rewards == "tokens" else None
         final: list[RewardOutcome] = []
         for i, (ep, o) in enumerate(zip(episodes, outcomes)):
             per_turn = [t.reward for t in ep.turns]
-            if ep.truncated and self.truncated_reward is not None:
+            if ep.success is not None:  # the environment's verdict, not the verifiers', says correct
+                o = dataclasses.replace(o, correct=bool(ep.success))
+            if ep.truncated and ep.truncation != "env" and self.truncated_reward is not None:
                 rewards[i] = self.truncated_reward
                 o = RewardOutcome(self.truncated_reward, False, {**o.components, "env": 0.0}, o.errors)
             elif self.turn_rewards == "sum":
@@ -136,8 +145,11 @@ def agent_metrics(episodes: Sequence) -> dict[str, float]:
     }
     if calls:
         out["agent/valid_call_rate"] = 1.0 - invalid / calls
-    for why in ("max_turns", "max_tokens_per_turn", "max_tokens", "env_error"):
+    for why in ("max_turns", "max_tokens_per_turn", "max_tokens", "env_error", "env"):
         out[f"agent/truncated_{why}"] = float(np.mean([e.truncation == why for e in episodes]))
+    verdicts = [e.success for e in episodes if e.success is not None]
+    if verdicts:  # the environment's own verdicts (games): the success rate over those that gave one
+        out["agent/success"] = float(np.mean(verdicts))
     return out
 
 

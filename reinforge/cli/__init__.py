@@ -91,6 +91,8 @@ def _main(argv: list[str] | None = None) -> int:
     sf.add_argument("--resume", metavar="RUN_DIR", help="continue an SFT run from its latest checkpoint")
     sf.add_argument("--new-segment", action="store_true",
                     help="with --resume: accept overrides that change what a step computes")
+    for command in (tr, trm, sf):
+        _add_import_option(command)
     rc = sub.add_parser("recipes", help="list recipes with their papers; `recipes show NAME` prints one preset")
     rc.add_argument("name", nargs="*", metavar="show NAME")
     _add_experiment_commands(sub)
@@ -107,16 +109,19 @@ def _main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "transformers", "datasets"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from ..config.plugins import command_line_imports
+
     try:
-        if args.command == "train":
-            return _train(args)
-        if args.command == "train-rm":
-            return _train_rm(args)
-        if args.command == "sft":
-            return _sft(args)
-        if args.command in _EXPERIMENT_COMMANDS:
-            return _EXPERIMENT_COMMANDS[args.command](args)
-        return _recipes(args)
+        with command_line_imports(getattr(args, "imports", None)):  # before any config is validated
+            if args.command == "train":
+                return _train(args)
+            if args.command == "train-rm":
+                return _train_rm(args)
+            if args.command == "sft":
+                return _sft(args)
+            if args.command in _EXPERIMENT_COMMANDS:
+                return _EXPERIMENT_COMMANDS[args.command](args)
+            return _recipes(args)
     except ConfigError as err:
         print(f"reinforge: {err}", file=sys.stderr)
         return 2
@@ -134,6 +139,13 @@ def _main(argv: list[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- experiments
 # eval / sweep / compare / runs / reproduce: thin wrappers over reinforge.evaluation and
 # reinforge.tracking (docs/experiments.md), in eval.py and runs.py.
+
+def _add_import_option(command) -> None:
+    command.add_argument(
+        "--import", dest="imports", action="append", metavar="MODULE_OR_FILE",
+        help="import a plugin (a module name or a .py file) before the config is validated, so that its "
+        "register_env / register_verifier calls count; repeatable; saved with the run in its `imports` key")
+
 
 _EXPERIMENT_COMMANDS = {"eval": _eval, "sweep": _sweep, "compare": _compare, "runs": _runs, "reproduce": _reproduce}
 
@@ -160,6 +172,7 @@ def _add_experiment_commands(sub) -> None:
     ev.add_argument("--output-dir", help="where a bare model's eval directory is created (default tracking.output_dir)")
     ev.add_argument("--name", help="name of a bare model's eval directory")
     ev.add_argument("--force", action="store_true", help="redo an evaluation that exists with the same settings")
+    _add_import_option(ev)
 
     sw = sub.add_parser("sweep", help="run a grid of config overrides x seeds, resumably",
                         description="Run every grid point x seed of SWEEP.yaml one after another; finished runs "
@@ -167,6 +180,7 @@ def _add_experiment_commands(sub) -> None:
     sw.add_argument("items", nargs="*", metavar="SWEEP.yaml")
     sw.add_argument("--output-dir", help="override the sweep file's output_dir")
     sw.add_argument("--plan", action="store_true", help="list the runs and their states; train nothing")
+    _add_import_option(sw)
 
     cp = sub.add_parser("compare", help="multi-seed comparison: IQM, intervals, probability of improvement",
                         description="Group runs by the config keys that differ and report IQM with stratified "
@@ -189,3 +203,4 @@ def _add_experiment_commands(sub) -> None:
     rp.add_argument("items", nargs="*", metavar="RUN_DIR [key=value ...]")
     rp.add_argument("--output-dir", help="where the reproduction goes (default: next to the original)")
     rp.add_argument("--name", help="name of the reproduction's run directory")
+    _add_import_option(rp)

@@ -20,6 +20,7 @@ from .components import (
 )
 from .curriculum import CurriculumConfig, check_ada_budget
 from .model import ModelConfig
+from .plugins import plugin_imports
 from .sft import SFTConfig
 from .task import RewardConfig, TaskConfig
 from .tracking import TrackingConfig
@@ -27,6 +28,14 @@ from .tracking import TrackingConfig
 
 class RunConfig(_Section):
     recipe: str = Field("grpo", description="Name of the recipe this config started from.")
+    imports: list[str] = Field(
+        default_factory=list, validate_default=True,
+        description="Plugins imported before the rest of the config is validated, in every process that "
+        "validates it (the trainer, Ray workers, `reinforge eval` and `reproduce` of the run): module names "
+        "(`my_envs`) or .py files (`envs/my_envs.py`), so that their register_env / register_verifier calls "
+        "count. `--import NAME` on the command line adds to it (docs/agents.md, Plugins). Installed packages "
+        "need no import: their `reinforge.envs` / `reinforge.verifiers` entry points load at the first "
+        "lookup of a name nothing registered.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
@@ -43,6 +52,12 @@ class RunConfig(_Section):
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     env: EnvConfig | None = Field(None, description="A multi-turn environment: trajectories are "
                                   "conversations with it (docs/agents.md). null: single-turn completions.")
+
+    @field_validator("imports", mode="before")
+    @classmethod
+    def _import_plugins(cls, v: Any) -> list[str]:
+        # Fields are validated in order, so the plugins' registrations exist before reward.verifiers'.
+        return plugin_imports(v)
 
     @field_validator("recipe")
     @classmethod
@@ -114,6 +129,14 @@ class RunConfig(_Section):
             )
         if self.task.source == "env" and self.env is None:
             raise ValueError("task.source=env takes its examples from the environment: set env.name")
+        if self.env is not None and self.scale.mode == "ray":
+            # The workers (scale/worker.py) build a single-turn generator and the plain task's
+            # reward: the run would silently train single-turn completions, not the agent.
+            raise ValueError(
+                f"scale.mode=ray with env.name={self.env.name}: Ray rollout workers generate single-turn "
+                "completions, they do not run the multi-turn agent loop; train an environment with "
+                "scale.mode=local, or remove env "
+                "for single-turn training on Ray")
         if self.env is not None:
             if self.env.name == "verifiers" and self.task.source != "env":
                 raise ValueError("env.name=verifiers trains on the taskset's own tasks: set task.source=env")

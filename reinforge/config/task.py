@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import _Section
+from .plugins import REGISTERED_VERIFIERS, VERIFIER_GROUP, entry_point_names
 
 
 class FewShotExample(_Section):
@@ -43,6 +44,12 @@ class TaskConfig(_Section):
         "from `path` by a seeded shuffle.",
     )
     prompt_field: str = Field("prompt", description="Row field holding the question (source=file).")
+    id_field: str | None = Field(
+        None, description="Row field holding each row's own identity (source=file), e.g. an environment's "
+        "`seed` or an `id` column: the held-out split then leaves out of training the rows whose id is a "
+        "held-out row's id, so distinct episodes that open with the same prompt (a game's opening text) all "
+        "stay. null: rows whose prompt equals a held-out prompt are left out of training.",
+    )
     answer_field: str = Field("answer", description="Row field holding the reference answer.")
     system_prompt: str | None = Field(
         None, description="System message put before every prompt (None: none is added)."
@@ -80,9 +87,12 @@ class TaskConfig(_Section):
         return self
 
 
+BUILTIN_VERIFIERS = ("task", "math_verify", "exact_match", "format", "python", "code",
+                     "outcome_rm", "prm", "judge", "implicit_prm")
+
+
 class VerifierSpec(_Section):
-    name: Literal["task", "math_verify", "exact_match", "format", "python", "code",
-                  "outcome_rm", "prm", "judge", "implicit_prm"] = Field(
+    name: str = Field(
         ...,
         description="'task': the task's own scorer (reasoning-gym's score_answer); 'math_verify': "
         "symbolic equivalence with math-verify; 'exact_match': normalised string equality; "
@@ -96,10 +106,22 @@ class VerifierSpec(_Section):
         "'outcome_rm' (a score per completion), 'prm' (a process reward model's step scores, "
         "credit-assigned to token rewards: options credit=min|sum, temperature, gamma), 'judge' "
         "(a causal LM's probability of 'Yes', per answer or per step), 'implicit_prm' (PRIME's "
-        "online-updated implicit PRM, arXiv:2502.01456).",
+        "online-updated implicit PRM, arXiv:2502.01456). Or a verifier a plugin registered with "
+        "reinforge.rewards.register_verifier (a module in `imports`) or an installed package offers as a "
+        "`reinforge.verifiers` entry point (docs/agents.md, Plugins).",
     )
     weight: float = Field(1.0, description="Weight of this verifier in the summed reward.")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the verifier, e.g. {function: my_rewards:score} for python, {case_sensitive: true} for exact_match; an unknown option is refused naming the accepted ones.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_verifier(cls, v: str) -> str:
+        if v in BUILTIN_VERIFIERS or v in REGISTERED_VERIFIERS or v in entry_point_names(VERIFIER_GROUP):
+            return v
+        plugins = sorted(REGISTERED_VERIFIERS | set(entry_point_names(VERIFIER_GROUP)))
+        extra = f"; registered by plugins: {', '.join(plugins)}" if plugins else ""
+        raise ValueError(f"unknown verifier {v!r}; accepted: {', '.join(BUILTIN_VERIFIERS)}{extra}. A plugin's "
+                         "verifier needs its module in `imports` (or --import MODULE)")
 
 
 class HackingGuardConfig(_Section):

@@ -28,6 +28,11 @@ well-formed completions: what fixing the format alone would give), each with a 9
 bootstrap interval, and plain words when the prior or the format explains the gain.
 
 Code tasks have no answer to hold constant: both prior baselines are recorded as not applicable.
+Neither has an environment's episodes (a game: ``task.source: env`` with a text environment,
+reinforge/agents/adapters): there the baselines are the policies the environment declares (a
+random policy, a scripted one), each run over the same held-out episodes without the model, its
+success rate recorded beside the model's with the paired interval of the difference
+(``baselines``).
 """
 
 from __future__ import annotations
@@ -181,6 +186,9 @@ class Guardrails:
     train_answers:  gold answers of (a sample of) the training examples; empty when they have none,
                     None to read them from ``train_examples`` when first needed.
     not_applicable: why the prior baselines are not computed (None when they are).
+    policies:       a task whose ``run_baselines(examples, max_turns=)`` gives each declared
+                    baseline policy's per-episode success (an environment's task), else None.
+    max_turns:      the turns a baseline policy gets per episode (the run's ``env.max_turns``).
     """
 
     reward_fn: Any
@@ -193,16 +201,24 @@ class Guardrails:
     n_resamples: int = 10_000
     candidates_per_source: int = CANDIDATES_PER_SOURCE
     train_prior_scored: int = TRAIN_PRIOR_SCORED
+    policies: Any = None
+    max_turns: int = 8
     _cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
+    _policy_cache: dict[str, dict[str, bool]] = field(default_factory=dict, repr=False)
     # (candidate, prompt id) pairs whose scoring was a reward error (a verifier raised or returned
     # no valid score): counted as not correct, and reported, since they say nothing either way.
     _errors: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     @classmethod
     def build(cls, task: "Task", reward_fn: Any, reward_cfg: Any, *, seed: int = 0,
-              n_resamples: int = 10_000) -> "Guardrails":
+              n_resamples: int = 10_000, max_turns: int | None = None) -> "Guardrails":
         """From the task (its training answers, read at the first evaluation) and the reward
-        config (format, verifiers)."""
+        config (format, verifiers); ``max_turns``: an environment's turns per episode."""
+        if callable(getattr(task, "run_baselines", None)):  # an environment's episodes: policies, not answers
+            return cls(reward_fn=reward_fn, answer_format=reward_cfg.answer_format, train_answers=[],
+                       not_applicable="the task is an environment's episodes: there is no answer to hold "
+                       "constant (its baselines are policies, see baselines)", seed=seed,
+                       n_resamples=n_resamples, policies=task, max_turns=int(max_turns or 8))
         names = {v.name for v in reward_cfg.verifiers}
         code = "code" in names or getattr(task, "needs_verifier", None) == "code"
         reason = "the task is scored by running code: there is no answer to hold constant" if code else None
@@ -306,6 +322,8 @@ class Guardrails:
             record["top_answer"] = None if record["top_answer"] is None else _short(record["top_answer"], 80)
         model_acc = counts.per_prompt_accuracy
         boot = dict(n_resamples=self.n_resamples, seed=self.seed)
+        if self.policies is not None:
+            record["baselines"] = self._policy_baselines(examples, model_acc, boot)
         if self.not_applicable is not None:
             na = {"applicable": False, "reason": self.not_applicable}
             record["best_constant"] = dict(na)
@@ -338,6 +356,25 @@ class Guardrails:
                                          "model_minus": _diff_fields(diff)}
         return record, per_prompt
 
+    def _policy_baselines(self, examples: Sequence["Example"], model_acc: np.ndarray,
+                          boot: dict[str, Any]) -> dict[str, Any]:
+        """Each declared baseline policy's success on these held-out episodes (run once per
+        episode, then cached) and the model's per-prompt accuracy minus it, paired by episode."""
+        todo = [e for e in examples if e.id not in self._policy_cache.setdefault("", {})]
+        if todo:
+            for name, wins in self.policies.run_baselines(todo, max_turns=self.max_turns).items():
+                self._policy_cache.setdefault(name, {}).update({e.id: bool(w) for e, w in zip(todo, wins)})
+            self._policy_cache[""].update({e.id: True for e in todo})  # "": the episodes already run
+        out: dict[str, Any] = {}
+        for name, by_id in self._policy_cache.items():
+            if not name or any(e.id not in by_id for e in examples):
+                continue
+            wins = np.array([by_id[e.id] for e in examples], dtype=float)
+            diff = paired_bootstrap_diff(wins, model_acc, **boot)
+            out[name] = {"applicable": True, "success": float(wins.mean()), "n_episodes": len(examples),
+                         "max_turns": self.max_turns, "model_minus": _diff_fields(diff)}
+        return out
+
     def _failed(self, candidates: Sequence[str], examples: Sequence["Example"]) -> int:
         """How many of the candidates' scorings on these prompts were reward errors."""
         return sum((c, e.id) in self._errors for c in candidates for e in examples)
@@ -364,6 +401,8 @@ def flat_metrics(record: dict[str, Any]) -> dict[str, float]:
         out["best_constant_accuracy"] = record["best_constant"]["accuracy"]
     if record["train_prior"].get("applicable"):
         out["train_prior_accuracy"] = record["train_prior"]["accuracy"]
+    for name, b in (record.get("baselines") or {}).items():
+        out[f"baseline_{name}_success"] = b["success"]
     return out
 
 

@@ -266,7 +266,8 @@ def build_eval_setup(config: "RunConfig", *, max_prompts: int | None = None) -> 
         raise ValueError("the task has no held-out prompts to evaluate (task.eval_size)")
     reward_fn = build_reward(config.reward, task)
     return EvalSetup(task=task, examples=examples, reward_fn=reward_fn, answer_format=config.reward.answer_format,
-                     guardrails=Guardrails.build(task, reward_fn, config.reward, seed=config.trainer.seed),
+                     guardrails=Guardrails.build(task, reward_fn, config.reward, seed=config.trainer.seed,
+                                                 max_turns=config.env.max_turns if config.env else None),
                      agent_config=config if config.env else None)
 
 

@@ -51,7 +51,8 @@ def guardrail_verdict(model: PromptCounts, record: dict[str, Any], base: PromptC
 
     Returns {"gain_over_base", "over_best_constant", "over_train_prior", "over_format_only",
     "well_formed_accuracy_change" (each {"diff", "ci_low", "ci_high", "excludes_zero"} or None
-    when not measurable), "flags" (subset of "no_gain", "prior", "format"), "status" ("genuine",
+    when not measurable), "over_baselines" (an environment's baseline policies: name -> the same
+    fields), "flags" (subset of "no_gain", "prior", "format", "baseline"), "status" ("genuine",
     "explained", "no_gain" or "priors_only" without a base), "text" (one line in plain words)}.
     """
     boot = dict(confidence=confidence, n_resamples=n_resamples, seed=seed)
@@ -60,6 +61,8 @@ def guardrail_verdict(model: PromptCounts, record: dict[str, Any], base: PromptC
     const, prior = record.get("best_constant") or {}, record.get("train_prior") or {}
     out["over_best_constant"] = const.get("model_minus") if const.get("applicable") else None
     out["over_train_prior"] = prior.get("model_minus") if prior.get("applicable") else None
+    policies = {k: b for k, b in (record.get("baselines") or {}).items() if b.get("applicable")}
+    out["over_baselines"] = {k: b["model_minus"] for k, b in policies.items()}
     notes: list[str] = []
     if base is not None:
         ids = [i for i in model.ids if i in set(base.ids)]
@@ -101,6 +104,12 @@ def guardrail_verdict(model: PromptCounts, record: dict[str, Any], base: PromptC
             flags.append("prior")
         reasons.append(f"does not beat answering with the training answers' distribution "
                        f"({prior['accuracy']:.3f}): {_fmt_diff(out['over_train_prior'])}")
+    for name, b in policies.items():  # an environment's baseline policies (random, scripted)
+        if not _beats(b["model_minus"]):
+            if "baseline" not in flags:
+                flags.append("baseline")
+            reasons.append(f"does not beat the {name} policy's success ({b['success']:.3f}): "
+                           f"{_fmt_diff(b['model_minus'])}")
     if base is not None and _beats(gain):
         fo, wfc = out["over_format_only"], out["well_formed_accuracy_change"]
         if fo is not None and not _beats(wfc):
@@ -137,6 +146,7 @@ def guardrail_verdict(model: PromptCounts, record: dict[str, Any], base: PromptC
                 parts.append(f"the best constant answer ({_fmt_diff(out['over_best_constant'])})")
             if out["over_train_prior"] is not None:
                 parts.append(f"the training answers' distribution ({_fmt_diff(out['over_train_prior'])})")
+            parts += [f"the {k} policy ({_fmt_diff(d)})" for k, d in out["over_baselines"].items()]
             if out["over_format_only"] is not None:
                 parts.append(f"the format-only baseline ({_fmt_diff(out['over_format_only'])})")
             text = "genuine gain: beats " + ", ".join(parts) + ", each with a 95% interval above zero"
@@ -190,6 +200,10 @@ def guardrail_lines(record: dict[str, Any], *, base_record: dict[str, Any] | Non
                      f"{_fmt_diff(prior['model_minus'])}")
     else:
         lines.append(f"- training answers' distribution: not applicable ({prior.get('reason')})")
+    for name, b in (record.get("baselines") or {}).items():
+        lines.append(f"- {name} policy (the environment's baseline, no model): success {b['success']:.3f} on the "
+                     f"{b['n_episodes']} held-out episodes ({b['max_turns']} turns at most); model minus it "
+                     f"{_fmt_diff(b['model_minus'])}")
     return lines
 
 

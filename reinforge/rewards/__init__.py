@@ -10,6 +10,7 @@ from reinforge.rewards.compose import (
     build_reward,
     concat_scores,
 )
+from reinforge.rewards.registry import register_verifier
 from reinforge.rewards.extract import ANSWER_FORMATS, extract_answer, is_well_formed
 from reinforge.rewards.verifiers import (
     ExactMatchVerifier,
@@ -37,5 +38,6 @@ __all__ = [
     "concat_scores",
     "call_with_deadline",
     "extract_answer",
+    "register_verifier",
     "is_well_formed",
 ]

@@ -20,6 +20,7 @@ from reinforge.rewards.score_check import (
     checked_score,
     checked_token_rewards,
 )
+from reinforge.rewards.registry import VERIFIER_PLUGINS, build_plugin_verifier, verifier_plugin
 from reinforge.rewards.shaping import LengthShaping
 from reinforge.rewards.verifiers import (
     ExactMatchVerifier,
@@ -307,7 +308,12 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
 
 def _make_verifier(name: str, options: dict[str, Any], cfg: "RewardConfig", task: Task, i: int,
                    device=None, policy_tokenizer=None):
-    if name not in _OPTIONS:  # a reward model (reinforge/rewards/models): loads on the learner's device
+    if name not in _OPTIONS:
+        plugin = verifier_plugin(name)  # registered by a plugin, or an installed package's entry point
+        if plugin is not None:
+            return build_plugin_verifier(plugin, options, task=task, answer_format=cfg.answer_format,
+                                         where=f"reward.verifiers[{i}]")
+        # a reward model (reinforge/rewards/models): loads on the learner's device
         from reinforge.rewards.models.verifiers import build_reward_model_verifier
 
         return build_reward_model_verifier(name, options, device=device or "cpu", policy_tokenizer=policy_tokenizer,
@@ -361,11 +367,12 @@ def build_reward(cfg: "RewardConfig", task: Task, *, max_new_tokens: int | None 
         (_make_verifier(spec.name, dict(spec.options), cfg, task, i, device, policy_tokenizer), spec.weight)
         for i, spec in enumerate(cfg.verifiers)
     ]
-    if not any(v.name in CORRECTNESS_VERIFIERS for v, _ in verifiers):
+    correctness = CORRECTNESS_VERIFIERS | {n for n, p in VERIFIER_PLUGINS.items() if p.correctness}
+    if not any(v.name in correctness for v, _ in verifiers):
         logger.warning(
             "reward.verifiers has no correctness verifier (task, math_verify or exact_match): "
             "accuracy will read 0"
         )
     shaping = LengthShaping.from_config(cfg, max_new_tokens) if max_new_tokens is not None else None
-    return RewardFunction(verifiers, CORRECTNESS_VERIFIERS, correct_threshold=cfg.correct_threshold, shaping=shaping,
+    return RewardFunction(verifiers, correctness, correct_threshold=cfg.correct_threshold, shaping=shaping,
                           max_abs_score=cfg.max_abs_score)

@@ -51,6 +51,7 @@ def build_task(cfg: "TaskConfig") -> Task:
             eval_path=cfg.eval_path,
             prompt_field=cfg.prompt_field,
             answer_field=cfg.answer_field,
+            id_field=cfg.id_field,
             **common,
         )
     if cfg.source == "code":

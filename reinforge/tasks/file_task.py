@@ -105,6 +105,7 @@ class FileTask(Task):
         eval_path: str | None = None,
         prompt_field: str = "prompt",
         answer_field: str = "answer",
+        id_field: str | None = None,
         train_size: int = 5000,
         eval_size: int = 200,
         seed: int = 0,
@@ -114,6 +115,7 @@ class FileTask(Task):
         self.name = f"file:{self.path.name}"
         self.prompt_field = prompt_field
         self.answer_field = answer_field
+        self.id_field = id_field
         self.prompt_format = prompt_format
 
         rows = self._checked_rows(self.path, "task.path")
@@ -136,13 +138,26 @@ class FileTask(Task):
             train_order = order[eval_size:]
 
         self._eval = [self._example(r, eval_name, "eval", i) for i, r in eval_pairs]
-        held_out = {_prompt_key_row(r, prompt_field) for _, r in eval_pairs}
-        train = [i for i in train_order if _prompt_key_row(rows[i], prompt_field) not in held_out]
+        # A training row that is a held-out row is left out: the same prompt, or, for rows that
+        # carry their own identity (task.id_field: an episode's seed), the same id, so distinct
+        # episodes opening with the same text (a game's opening prompt) all stay.
+        def key(row: dict) -> str:
+            return _prompt_key_row(row, id_field or prompt_field)
+
+        held_out = {key(r) for _, r in eval_pairs}
+        train = [i for i in train_order if key(rows[i]) not in held_out]
         dropped = len(train_order) - len(train)
-        if dropped:
-            logger.info("%s: %d training rows repeat a held-out prompt; left out", self.name, dropped)
+        same = f"{'id (task.id_field=' + id_field + ')' if id_field else 'prompt'} equals a held-out row's"
+        fix = "" if id_field else _id_field_hint(rows, prompt_field, answer_field)
         if not train:
-            raise TaskError(f"{str(self.path)!r} has no training rows left after holding out")
+            raise TaskError(f"{str(self.path)!r} has no training rows left after holding out: the {dropped} "
+                            f"others' {same}{fix}")
+        if dropped * 2 > len(train_order):
+            logger.warning("%s: the held-out split left out %d of %d training rows, whose %s%s", self.name,
+                           dropped, len(train_order), same, fix)
+        elif dropped:
+            logger.info("%s: %d training rows repeat a held-out %s; left out", self.name, dropped,
+                        "id" if id_field else "prompt")
         if len(train) > train_size:
             logger.info(
                 "%s: using %d of %d training rows (task.train_size)", self.name, train_size, len(train)
@@ -157,14 +172,15 @@ class FileTask(Task):
         for loc, row in located:
             if not isinstance(row, dict):
                 raise TaskError(f"{str(path)!r} {loc} is a {type(row).__name__}, not an object of fields")
-            for field, fkey in ((self.prompt_field, "prompt_field"), (self.answer_field, "answer_field")):
+            fields = [(self.prompt_field, "prompt_field"), (self.answer_field, "answer_field")]
+            for field, fkey in fields + ([(self.id_field, "id_field")] if self.id_field else []):
                 if row.get(field) is None:
                     present = ", ".join(map(repr, row)) or "(none)"
                     what = "has an empty (null)" if field in row else "has no"
                     raise TaskError(
                         f"{str(path)!r} {loc} {what} field {field!r} (task.{fkey}); fields present: "
-                        f"{present}. Set task.prompt_field / task.answer_field to the names your "
-                        "data uses"
+                        f"{present}. Set task.prompt_field / task.answer_field{' / task.id_field' if self.id_field else ''} "
+                        "to the names your data uses"
                     )
             prompt = row[self.prompt_field]
             if not isinstance(prompt, str) and not _is_messages(prompt):
@@ -198,5 +214,17 @@ class FileTask(Task):
 
 def _prompt_key_row(row: dict, prompt_field: str) -> str:
     prompt = row[prompt_field]
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+
+
+def _id_field_hint(rows: list[dict], prompt_field: str, answer_field: str) -> str:
+    """The fix for a split that drops rows sharing a prompt: task.id_field, naming a field of the
+    data that tells the rows apart when one does (an answer is no identity)."""
+    fields = sorted((f for f in rows[0] if f not in (prompt_field, answer_field)),
+                    key=lambda f: ("seed" not in f.lower() and "id" not in f.lower(), f))
+    distinct = [f for f in fields if all(f in r for r in rows)
+                and len({_prompt_key_row(r, f) for r in rows}) == len(rows)]
+    named = f" (e.g. task.id_field={distinct[0]}: its values are distinct)" if distinct else ""
+    return (f"; if rows with the same prompt are distinct episodes (an environment's seeds), set task.id_field to "
+            f"the field that tells them apart{named}, or give a separate task.eval_path")
 

@@ -144,7 +144,8 @@ class Trainer:
         rm_keys = self.reward_fn.reward_model_keys
         self.hacking_guard = (RewardHackingGuard(rm_keys, **cfg.reward.hacking_guard.model_dump(exclude={"enabled"}))
                               if rm_keys and cfg.reward.hacking_guard.enabled else None)
-        self.guardrails = Guardrails.build(self.task, self.reward_fn, cfg.reward, seed=cfg.trainer.seed)
+        self.guardrails = Guardrails.build(self.task, self.reward_fn, cfg.reward, seed=cfg.trainer.seed,
+                                           max_turns=cfg.env.max_turns if cfg.env else None)
         # Memory guard: estimate the peak from the config before any weights load; warn naming the
         # setting to change when it will not fit (reinforge/learner/memory.py).
         # Every prompt is encoded once, into the cache the steps read, and checked against the

@@ -1,0 +1,380 @@
+"""Text-environment adapters (reinforge/agents/adapters): the core (episode seeds, observations,
+rewards, truncation and success, the global-RNG isolation, baselines in the guardrails) and the
+gymnasium and GEM adapters run on real environments from the installed packages, through short
+training runs on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from reinforge.agents import AgentBudgets, AgentGenerator, AgentReward, env_factory
+from reinforge.agents.adapters import (
+    TEXT_ENVS, IsolatedRNG, TextEnvAdapter, TextEnvTask, episode_seeds, register_text_env, run_policy,
+)
+from reinforge.config import build_config
+from reinforge.rewards import build_reward
+from reinforge.rollout import HFGenerator, SamplingParams
+from reinforge.tasks.base import Example
+
+from conftest import make_model, make_tokenizer, save_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _rng_state():
+    return random.getstate(), np.random.get_state()[1].tolist(), np.random.get_state()[2]
+
+
+# -- the core, on a small text environment written here -------------------------------------------
+
+
+class GlobalDice:
+    """Draws its hidden number from the global ``random`` and ``numpy.random`` in make, reset
+    and step, as GEM and TextArena games do; success is in ``info`` when it ends."""
+
+    def __init__(self, sides: int = 6, limit: int = 3):
+        self.sides, self.limit = sides, limit
+        self.noise = random.random() + np.random.rand()  # make draws too
+
+    def reset(self, seed=None):
+        if seed is not None:
+            random.seed(seed)  # what GEM's reset does to the global stream
+            np.random.seed(seed)
+        self.target = random.randint(1, self.sides) + int(np.random.randint(0, 1))
+        self.n = 0
+        return f"Roll: guess 1..{self.sides}.", {}
+
+    def step(self, action):
+        self.n += 1
+        random.random()
+        ok = action.strip() == str(self.target)
+        if ok:
+            return "", 1.0, True, False, {"success": True}
+        if self.n >= self.limit:
+            return "out of guesses", 0.0, False, True, {}
+        return f"history: guess {self.n} was wrong", 0.0, False, False, {}
+
+
+register_text_env("test_dice", GlobalDice, baselines={"always_one": lambda obs, rng: "1"})
+register_text_env("test_dice_replace", GlobalDice, observation="replace")
+
+
+def _ex(seed: int, i: int = 0) -> Example:
+    return Example(f"dice/{i}", [{"role": "user", "content": "x"}], None, {"seed": seed})
+
+
+class LockProbe:
+    """Records, at each step, whether another thread could take the global-RNG lock meanwhile."""
+
+    def __init__(self, uses_global_rng: bool = True):
+        if not uses_global_rng:
+            self.uses_global_rng = False
+        self.free: list[bool] = []
+
+    def reset(self, seed=None):
+        return "go", {}
+
+    def step(self, action):
+        import threading
+
+        from reinforge.agents.adapters import base
+
+        got = []
+
+        def probe():
+            ok = base._GLOBAL_RNG_LOCK.acquire(timeout=0.2)
+            got.append(ok)
+            if ok:
+                base._GLOBAL_RNG_LOCK.release()
+
+        t = threading.Thread(target=probe)
+        t.start()
+        t.join()
+        self.free.append(got[0])
+        return "", 0.0, True, False, {}
+
+
+register_text_env("test_lock_probe", LockProbe)
+register_text_env("test_lock_probe_served", lambda: LockProbe(uses_global_rng=False))
+
+
+def test_an_env_that_declares_no_global_rng_use_is_stepped_without_the_process_wide_lock():
+    for name, free in (("test_lock_probe", False), ("test_lock_probe_served", True)):
+        env = TextEnvAdapter(TEXT_ENVS[name], {})
+        env.reset(_ex(1))
+        env.step({"role": "assistant", "content": "a"})
+        assert env.env.free == [free], name
+
+
+def test_episode_seeds_are_reproducible_and_train_and_held_out_are_disjoint():
+    train, held = episode_seeds(3, 500, 50)
+    assert (train, held) == episode_seeds(3, 500, 50)
+    assert len(set(train)) == 500 and len(set(held)) == 50 and not set(train) & set(held)
+    assert episode_seeds(4, 500, 50) != (train, held)
+    cfg = build_config({"task": {"source": "env", "train_size": 6, "eval_size": 3, "seed": 3},
+                        "env": {"name": "test_dice", "options": {"sides": 4}}})
+    from reinforge.agents import build_run_task
+
+    task = build_run_task(cfg)
+    assert isinstance(task, TextEnvTask) and task.options == {"sides": 4}
+    assert [e.metadata["seed"] for e in task.eval_examples()] == episode_seeds(3, 6, 3)[1]
+
+
+def test_the_environment_never_moves_the_trainers_global_rng_and_each_episode_replays():
+    random.seed(123)
+    np.random.seed(123)
+    before = _rng_state()
+    env = TextEnvAdapter(TEXT_ENVS["test_dice"], {"sides": 1000, "limit": 5})
+    env.reset(_ex(7))
+    for guess in ("1", "2"):
+        env.step({"content": guess})
+    env.close()
+    assert _rng_state() == before  # make, reset (which reseeds the globals) and step drew and left no trace
+    targets = set()
+    for burn in (0, 5):  # whatever the global state, the same episode seed gives the same episode
+        random.seed(burn)
+        e = TextEnvAdapter(TEXT_ENVS["test_dice"], {"sides": 1000})
+        e.reset(_ex(7))
+        targets.add(e.env.target)
+    assert len(targets) == 1
+    other = TextEnvAdapter(TEXT_ENVS["test_dice"], {"sides": 1000})
+    other.reset(_ex(8))
+    assert other.env.target not in targets
+    rng = IsolatedRNG(1)
+    with rng.active():
+        a = random.random()
+    with rng.active():
+        b = random.random()
+    assert a != b and IsolatedRNG(1)._py == random.Random(1).getstate()  # the episode's stream advances
+
+
+def test_rewards_truncation_success_and_observation_modes():
+    env = TextEnvAdapter(TEXT_ENVS["test_dice"], {"sides": 6, "limit": 2})
+    opening = env.reset(_ex(1))
+    assert opening == [{"role": "user", "content": "Roll: guess 1..6."}]
+    wrong = "7"
+    r = env.step({"content": wrong})
+    assert not r.done and r.observations == [{"role": "user", "content": "history: guess 1 was wrong"}]
+    r = env.step({"content": wrong})
+    assert r.done and r.truncated and r.info["success"] is False  # cut by the env's limit: not a success
+    env.reset(_ex(1))
+    r = env.step({"content": str(env.env.target)})
+    assert r.done and not r.truncated and r.reward == 1.0 and r.info["success"] is True
+    # replace: the environment hands back its whole state; the model is shown what is new
+    rep = TextEnvAdapter(TEXT_ENVS["test_dice_replace"], {"limit": 5})
+    rep.reset(_ex(1))
+    rep.observation = "history:"
+    assert rep.step({"content": "9"}).observations[0]["content"] == "guess 1 was wrong"
+    rep.observation = "something else"
+    assert rep.step({"content": "9"}).observations[0]["content"] == "history: guess 2 was wrong"
+    with pytest.raises(ValueError, match="observation='both'; accepted: append, replace"):
+        register_text_env("test_bad", GlobalDice, observation="both")
+
+
+# -- GEM ---------------------------------------------------------------------------------------------
+
+GEM_ID = "game:GuessTheNumber-v0-easy"  # 1..10 within 4 turns
+
+
+@pytest.fixture
+def gem_adapter():
+    pytest.importorskip("gem", reason="GEM is not installed (pip install gem-llm --no-deps)")
+    from reinforge.agents.adapters import gem as gem_adapter
+
+    return gem_adapter
+
+
+def test_gem_episodes_replay_from_their_seed_and_leave_the_global_rng_alone(gem_adapter):
+    spec = TEXT_ENVS["gem"]
+    random.seed(0)
+    np.random.seed(0)
+    before = _rng_state()
+    numbers = []
+    for _ in range(2):
+        env = TextEnvAdapter(spec, {"env_id": GEM_ID})
+        first = env.reset(_ex(11))[0]["content"]
+        numbers.append((env.env.env.game_number, first))
+        env.step({"content": "\\boxed{3}"})
+    assert numbers[0] == numbers[1]
+    assert _rng_state() == before  # GEM's reset calls random.seed(seed): isolated
+    env.reset(_ex(11))
+    r = env.step({"content": "no number here"})  # GEM's format error: -0.1, episode over, no success
+    assert r.done and r.reward == pytest.approx(-0.1) and r.info["success"] is False
+    with pytest.raises(TypeError, match="is not a GEM environment"):
+        TextEnvAdapter(spec, {"env_id": "game:GuessTheNumbr-v0"})
+
+
+class BisectPlayer(TextEnvAdapter):
+    """The GEM adapter playing the scripted bisect baseline instead of the tiny model's text, so
+    that episodes succeed inside the real agent loop."""
+
+    def step(self, message):
+        from reinforge.agents.adapters.gem import bisect_policy
+
+        with self._rng.active():
+            action = bisect_policy(self.observation, random.Random(0), env=self.env)
+        return super().step({"role": "assistant", "content": action if self.good else "\\boxed{11}"})
+
+
+def test_gem_success_is_held_out_correct_not_the_verifiers_answer(gem_adapter):
+    cfg = build_config({"task": {"source": "env", "train_size": 4, "eval_size": 2},
+                        "env": {"name": "gem", "options": {"env_id": GEM_ID}}})
+    from reinforge.agents import build_run_task
+
+    task = build_run_task(cfg)
+    tok = make_tokenizer()
+    model = make_model(tok, hidden=32, layers=1, max_positions=2048)
+    eos = tok.eos_token_id
+    model.lm_head.register_forward_hook(lambda _m, _i, out: out.index_add(  # turns of a token or two
+        -1, torch.tensor([eos]), torch.full(out.shape[:-1] + (1,), 8.0)))
+    rows = []
+    for good in (True, False):
+        def make(good=good):
+            env = BisectPlayer(TEXT_ENVS["gem"], {"env_id": GEM_ID}, task=task)
+            env.good = good
+            return env
+        agent = AgentGenerator(HFGenerator(model, tok, batch_size=8), make,
+                               AgentBudgets(max_turns=4, max_tokens_per_turn=4, max_tokens=2000))
+        torch.manual_seed(0)
+        batch = agent.generate_examples(task.eval_examples()[:1], SamplingParams(num_samples=1))
+        scores = AgentReward(build_reward(cfg.reward, task)).score(batch, task.eval_examples()[:1])
+        rows.append((batch.episodes[0], scores.outcomes[0]))
+    (won, won_o), (lost, lost_o) = rows
+    assert won.success is True and won.done and won_o.correct  # the task verifier alone scores 0
+    # out of turns: GEM pays a partial reward for closeness (or 0), which is not a success
+    assert lost.success is False and not lost_o.correct and lost.turns[-1].reward < 1.0
+    assert won.turns[-1].reward == 1.0 and won.to_record()["success"] is True
+
+
+@pytest.fixture
+def short_turns(monkeypatch):
+    """The trainer's model loader with the tiny model's stop token made much likelier (a forward
+    hook on the head), so its turns end and the environment is stepped."""
+    import reinforge.learner.build as build_mod
+
+    real = build_mod.load_model
+
+    def load(*a, **k):
+        model = real(*a, **k)
+        eos = model.generation_config.eos_token_id
+
+        def hook(_m, _i, out):
+            out = out.clone()
+            out[..., eos] += 6.0
+            return out
+
+        model.lm_head.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(build_mod, "load_model", load)
+
+
+def _run(tmp_path, env_name: str, options: str, *extra):
+    from reinforge.trainer import Trainer
+
+    model = save_tiny_model(tmp_path / "model", hidden=32, layers=1, max_positions=2048)
+    cfg = build_config({}, [
+        f"model.path={model}", "task.source=env", "task.train_size=8", "task.eval_size=3",
+        f"env.name={env_name}", f"env.options={options}", "env.max_turns=2", "env.max_tokens_per_turn=6",
+        "env.max_tokens=400", "env.overlap_tools=false", "rollout.num_samples=2", "rollout.max_new_tokens=6",
+        "trainer.prompts_per_step=2", "trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=0",
+        "trainer.seed=5", "trainer.num_threads=1", f"tracking.output_dir={tmp_path / 'runs'}",
+        "tracking.progress=false", *extra])
+    from reinforge.tracking import RunDir
+
+    return RunDir.open(Trainer(cfg).run().run_dir)
+
+
+def _check_run(rd):
+    """What every adapter's training run must show: action masks on the model's tokens only, the
+    environment's reward and verdict in the trajectories, success as held-out correct, baselines."""
+    trajectories = [json.loads(line) for line in (rd.path / "trajectories" / "step_000002.jsonl").read_text().splitlines()]
+    assert len(trajectories) == 4
+    for t in trajectories:
+        mask = t["trained_mask"]
+        assert len(mask) == len(t["token_ids"])
+        spans = [range(*turn["action_span"]) for turn in t["turns"]]
+        trained = {i for i, m in enumerate(mask) if m}
+        assert trained == {i for s in spans for i in s}  # exactly the model's tokens
+        for turn in t["turns"]:
+            assert not any(mask[slice(*turn["observation_span"])])
+    evals = rd.read_evals()
+    last = evals[-1]
+    rows = rd.read_eval_details(int(last["step"]))
+    for r in rows:
+        success = r["trajectory"]["success"]
+        assert r["correct"] == float(bool(success) and not r["trajectory"]["truncated"])
+    return trajectories, last, rows
+
+
+def test_gem_guess_the_number_trains_and_reports_its_baselines(tmp_path, gem_adapter, short_turns):
+    rd = _run(tmp_path, "gem", f"{{env_id: '{GEM_ID}'}}", "env.max_turns=4")  # bisect needs 4 on 1..10
+    trajectories, last, rows = _check_run(rd)
+    # The tiny model writes no \boxed{N}: GEM's format error (-0.1) ends the episode, unsuccessful.
+    ended = [t for t in trajectories if t["done"]]
+    assert ended and all(t["turns"][-1]["reward"] == pytest.approx(-0.1) and t["success"] is False for t in ended)
+    baselines = last["guardrails"]["baselines"]
+    assert baselines["bisect"]["success"] == 1.0 and 0.0 <= baselines["random"]["success"] < 1.0
+    assert last["baseline_bisect_success"] == 1.0
+    assert baselines["bisect"]["model_minus"]["diff"] == pytest.approx(last["accuracy"] - 1.0)
+    assert last["guardrails"]["best_constant"]["applicable"] is False
+
+
+def test_gymnasium_frozen_lake_trains_and_reports_its_random_baseline(tmp_path, short_turns):
+    pytest.importorskip("gymnasium")
+    rd = _run(tmp_path, "gymnasium", "{env_id: FrozenLake-v1, render_mode: ansi, is_slippery: false}")
+    trajectories, last, rows = _check_run(rd)
+    first = trajectories[0]["messages"][0]["content"]
+    assert "[S]FFF" in first and "an integer from 0 to 3" in first
+    assert "random" in last["guardrails"]["baselines"]
+
+
+def test_gymnasium_random_baseline_and_factory_ids():
+    gym = pytest.importorskip("gymnasium")
+    from reinforge.agents.adapters import gym as gym_adapter
+
+    spec = TEXT_ENVS["gymnasium"]
+    opts = {"env_id": "FrozenLake-v1", "render_mode": "ansi", "is_slippery": False, "map_name": "4x4"}
+    examples = [_ex(s, s) for s in range(40)]
+    wins = run_policy(spec, opts, examples, gym_adapter.random_policy, max_turns=30)
+    assert wins == run_policy(spec, opts, examples, gym_adapter.random_policy, max_turns=30)  # seeded per episode
+    env = TextEnvAdapter(spec, opts)
+    env.reset(_ex(0))
+    for a in ("2", "2", "1", "1", "1", "I choose 2"):  # the shortest path to the goal on the 4x4 map
+        r = env.step({"content": a})
+    assert r.done and r.reward == 1.0 and r.info["success"] is True
+    env.reset(_ex(0))
+    assert env.step({"content": "go left"}).info["env_info"] == {"invalid_action": True}
+    with pytest.raises(ValueError, match="env.options for environment 'gymnasium'.*Box"):
+        env_factory("gymnasium", {"env_id": "Pendulum-v1"}, None)  # continuous actions: not text
+    assert gym_adapter._factory("gymnasium.envs.toy_text.frozen_lake:generate_random_map") is not None
+    assert gym_adapter._factory("FrozenLake-v1") is None and gym is not None
+
+
+def test_the_verdict_names_a_baseline_policy_the_model_does_not_beat():
+    from reinforge.evaluation.guardrails import PromptCounts
+    from reinforge.evaluation.verdict import guardrail_lines, guardrail_verdict
+
+    na = {"applicable": False, "reason": "the task is an environment's episodes"}
+    diff = {"diff": -0.5, "ci_low": -0.8, "ci_high": -0.2, "excludes_zero": True}
+    record = {"well_formed": 1.0, "accuracy_well_formed": 0.5, "distinct_answers": 1, "top_answer": None,
+              "top_answer_share": 0.0, "best_constant": na, "train_prior": na,
+              "baselines": {"bisect": {"applicable": True, "success": 1.0, "n_episodes": 4, "max_turns": 4,
+                                       "model_minus": diff}}}
+    model = PromptCounts.from_lists([[1], [0], [1], [0]], [[True]] * 4)
+    verdict = guardrail_verdict(model, record, n_resamples=200)
+    assert "baseline" in verdict["flags"] and verdict["over_baselines"]["bisect"] == diff
+    assert "does not beat the bisect policy's success (1.000)" in verdict["text"]
+    assert any(line.startswith("- bisect policy (the environment's baseline, no model): success 1.000")
+               for line in guardrail_lines(record))
