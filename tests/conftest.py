@@ -7,6 +7,18 @@ import string
 import pytest
 import torch
 
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Every test leaves torch's thread count as it found it: a run in this process with
+    trainer.num_threads set changes it for the whole process, and a later in-process resume
+    compared with a run made in a subprocess would then reduce floats in another order."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
