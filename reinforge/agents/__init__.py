@@ -43,7 +43,14 @@ def build_agent(cfg, generator, reward_fn, task) -> tuple[AgentGenerator, AgentR
         return build_verifiers_agent(cfg, generator, reward_fn)
     budgets = AgentBudgets(max_turns=e.max_turns, max_tokens_per_turn=e.max_tokens_per_turn or cfg.rollout.max_new_tokens,
                            max_tokens=e.max_tokens)
-    agent = AgentGenerator(generator, env_factory(e.name, dict(e.options), task), budgets, tool_format=e.tool_format,
+    if e.workers:  # the environments in worker processes (agents/env_workers.py)
+        from reinforge.agents.env_workers import EnvWorkerPool
+
+        make_env = EnvWorkerPool(e.name, dict(e.options), task, workers=e.workers, step_timeout_s=e.step_timeout_s,
+                                 imports=list(getattr(cfg, "imports", None) or []))
+    else:
+        make_env = env_factory(e.name, dict(e.options), task)
+    agent = AgentGenerator(generator, make_env, budgets, tool_format=e.tool_format,
                            tool_workers=e.tool_workers, overlap_tools=e.overlap_tools)
     reward = AgentReward(reward_fn, turn_rewards=e.turn_rewards, turn_discount=e.turn_discount,
                          truncated_reward=e.truncated_reward)

@@ -16,7 +16,8 @@ extended turn by turn instead of re-prefilling the conversation:
   x width, so observations are fed together: once the rows with an observation ready are at least
   as many as the rows decoding (or no row is decoding). Feeding each as it arrived padded every
   decoding row to the observation's width and made extension slower than re-prefilling
-  (docs/benchmarks.md). The steps of a batch's trajectories run concurrently;
+  (docs/benchmarks.md). The steps of a batch's trajectories run concurrently (with
+  ``env.workers`` in worker processes, env_workers.py, on which these threads wait);
 - finished rows leave the cache once they are an eighth of it, and once holes are half the cache
   each row's real slots are gathered together (no forward pass: cached keys carry their rotary
   positions).
@@ -34,15 +35,16 @@ re-prefilled for every new turn (all waiting rows together, once no row is decod
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from reinforge.agents.env import as_step_result
+# The trajectory record and its tensors live in episode.py; imported from here by older code.
+from reinforge.agents.episode import Episode, TurnRecord, pad_trajectories  # noqa: F401
 from reinforge.agents.render import ChatRenderer
 from reinforge.agents.tools import parse_tool_calls
 from reinforge.batch import RolloutBatch, Segment
@@ -63,122 +65,9 @@ class AgentBudgets:
     max_tokens: int = 512
 
 
-@dataclass
-class TurnRecord:
-    """One model turn and what the environment answered. Spans index the trajectory's tokens after
-    the prompt: the turn's sampled tokens are ``[start, end)``, the observation's ``[obs_start,
-    obs_end)`` (equal when none was appended)."""
-
-    start: int
-    end: int
-    text: str
-    tool_calls: list[dict] = field(default_factory=list)
-    observations: list[dict] = field(default_factory=list)
-    obs_start: int = 0
-    obs_end: int = 0
-    reward: float = 0.0
-    info: dict = field(default_factory=dict)
-
-
-@dataclass
-class Episode:
-    """A whole trajectory as the environment and the model lived it.
-
-    messages:    the opening messages (with the fallback tool prompt when used), then each
-                 assistant turn and its observations, in order; ``tools``: the schemas given to the
-                 template as ``tools=`` (empty with the fallback).
-    token_ids:   every token after the prompt; ``action_mask`` True on the ones the model sampled
-                 (the only ones trained on), ``logprobs`` their sampling log-probs (0 elsewhere).
-    truncated:   a budget ended it (``truncation``: "max_turns", "max_tokens_per_turn", "max_tokens";
-                 "env_error": the environment's step raised; "env": its own limit, StepResult.truncated).
-    success:     the environment's verdict (the last ``info["success"]`` it gave), None if none.
-    """
-
-    example_id: str
-    messages: list[dict]
-    prompt_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    action_mask: list[bool] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turns: list[TurnRecord] = field(default_factory=list)
-    done: bool = False
-    truncated: bool = False
-    truncation: str | None = None
-    env_error: str | None = None
-    tools: list[dict] = field(default_factory=list)
-    success: bool | None = None
-
-    @property
-    def final_text(self) -> str:
-        """The last assistant turn's text (what the outcome verifiers score)."""
-        return self.turns[-1].text if self.turns else ""
-
-    def count(self, key: str) -> int:
-        return int(sum(t.info.get(key, 0) for t in self.turns))
-
-    @property
-    def tool_calls(self) -> int:
-        return self.count("tool_calls")
-
-    @property
-    def invalid_calls(self) -> int:
-        return self.count("invalid_calls")
-
-    @property
-    def tool_errors(self) -> int:
-        return self.count("tool_errors")
-
-    def to_record(self, tokenizer=None) -> dict[str, Any]:
-        """JSON-ready: messages, turns (text, parsed tool calls, tool results, observations,
-        per-turn reward), and the token ids with the mask of those trained on."""
-        turns = []
-        for i, t in enumerate(self.turns):
-            info = {k: v for k, v in t.info.items() if _jsonable(v)}
-            turns.append({"turn": i, "text": t.text, "action_span": [t.start, t.end],
-                          "observation_span": [t.obs_start, t.obs_end], "tool_calls": t.tool_calls,
-                          "observations": t.observations, "reward": t.reward, "info": info})
-        return {
-            "example_id": self.example_id, "messages": self.messages, "tools": self.tools, "turns": turns,
-            "num_turns": len(self.turns), "tool_calls": self.tool_calls, "invalid_calls": self.invalid_calls,
-            "tool_errors": self.tool_errors, "done": self.done, "truncated": self.truncated,
-            "truncation": self.truncation, "env_error": self.env_error, "success": self.success,
-            "prompt_ids": self.prompt_ids, "token_ids": self.token_ids,
-            "trained_mask": [int(a) for a in self.action_mask],
-            "logprobs": [round(x, 6) for x in self.logprobs],
-        }
-
-
-def _jsonable(v) -> bool:
-    try:
-        json.dumps(v)
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
 # Row states of the decode loop.
 _SAMPLE, _FEED, _WAIT, _PREFILL, _DONE = range(5)
 
-
-def pad_trajectories(trajectories, pad_id: int) -> dict[str, torch.Tensor]:
-    """RolloutBatch's tensors for rows with ``prompt_ids``, ``token_ids`` (everything after the
-    prompt, appended turn by turn), ``action_mask`` and ``logprobs``: prompts left-padded, the
-    rest right-padded; the agent loop and the OpenAI endpoint both build their batches here."""
-    prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
-    width = max((len(t.token_ids) for t in trajectories), default=0)
-    n = len(trajectories)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    cmask = torch.zeros((n, width), dtype=torch.bool)
-    amask = torch.zeros((n, width), dtype=torch.bool)
-    lps = torch.zeros((n, width), dtype=torch.float32)
-    for i, t in enumerate(trajectories):
-        k = len(t.token_ids)
-        ids[i, :k] = torch.tensor(t.token_ids, dtype=torch.long)
-        cmask[i, :k] = True
-        amask[i, :k] = torch.tensor(t.action_mask, dtype=torch.bool)
-        lps[i, :k] = torch.tensor(t.logprobs, dtype=torch.float32)
-    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=cmask,
-                action_mask=amask, sampler_logprobs=lps)
 
 class _Row:
     def __init__(self, env, episode: Episode, seed: int):
@@ -262,7 +151,8 @@ class AgentGenerator(WrappedGenerator):
     wrapped generator's) whose samples come from examples (``generate_examples``) rather than
     token prompts.
 
-    make_env:       a no-argument function making a fresh environment (one per trajectory).
+    make_env:       a no-argument function making a fresh environment (one per trajectory), or an
+                    ``EnvWorkerPool`` (env_workers.py: the environments live in worker processes).
     budgets:        AgentBudgets (an env's own ``max_turns`` also applies; the smaller wins).
     tool_workers:   threads running environment steps (tool calls) concurrently.
     overlap_tools:  keep decoding other rows while a row's tools run (see the module docstring).
@@ -287,6 +177,8 @@ class AgentGenerator(WrappedGenerator):
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if getattr(self.make_env, "concurrent", False):  # an EnvWorkerPool: its worker processes
+            self.make_env.close()
         self.base.close()
 
     # -- rollouts -------------------------------------------------------------------------------
@@ -297,27 +189,36 @@ class AgentGenerator(WrappedGenerator):
         g = params.num_samples
         seeds = torch.randint(0, 2**62, (len(examples) * g,)).tolist()
         rows: list[_Row] = []
-        for e in examples:
-            for _ in range(g):
-                env = self.make_env()
-                messages = [dict(m) for m in env.reset(e)]
-                tools = list(getattr(env, "tools", None) or [])
-                shown, template_tools = self.renderer.prompt_messages(messages, tools)
-                prompt = self.renderer.prompt_ids(messages, tools)
-                ep = Episode(example_id=e.id, messages=[dict(m) for m in shown], prompt_ids=prompt,
-                             tools=list(template_tools or []))
-                rows.append(_Row(env, ep, seeds[len(rows)]))
+        flat = [e for e in examples for _ in range(g)]
+        if getattr(self.make_env, "concurrent", False):  # in worker processes (env_workers.py): opened concurrently
+            each, envs = self.pool.map, [self.make_env() for _ in flat]
+            opened = zip(envs, self.pool.map(lambda env, e: [dict(m) for m in env.reset(e)], envs, flat))
+        else:  # in this process, each made and reset in order
+            each, opened = map, map(self._open, flat)
+        for e, (env, messages) in zip(flat, opened):
+            tools = list(getattr(env, "tools", None) or [])
+            shown, template_tools = self.renderer.prompt_messages(messages, tools)
+            prompt = self.renderer.prompt_ids(messages, tools)
+            ep = Episode(example_id=e.id, messages=[dict(m) for m in shown], prompt_ids=prompt,
+                         tools=list(template_tools or []))
+            rows.append(_Row(env, ep, seeds[len(rows)]))
+            if getattr(env, "failed", None):  # its worker could not open it: the episode ends with nothing sampled
+                ep.env_error, ep.truncated, ep.truncation, rows[-1].state = env.failed, True, "env_error", _DONE
         per_chunk = max(1, self.base.batch_size // g) * g
         for i in range(0, len(rows), per_chunk):
             self._run(rows[i : i + per_chunk], params)
-        for r in rows:  # an environment may hold a resource (a server session, a process): freed now
-            getattr(r.env, "close", lambda: None)()
+        # An environment may hold a resource (a server session, a process): freed now.
+        list(each(lambda r: getattr(r.env, "close", lambda: None)(), rows))
         episodes = [r.ep for r in rows]
         if record:
             self.recorded.extend(episodes)
         batch = self._batch(episodes, torch.arange(len(examples)).repeat_interleave(g))
         batch.episodes = episodes
         return batch
+
+    def _open(self, example) -> tuple[Any, list[dict]]:
+        env = self.make_env()
+        return env, [dict(m) for m in env.reset(example)]
 
     def _max_turns(self, row: _Row) -> int:
         own = getattr(row.env, "max_turns", None)
@@ -505,7 +406,7 @@ class AgentGenerator(WrappedGenerator):
         try:
             result = as_step_result(future.result())
         except Exception as err:  # noqa: BLE001 - a broken environment ends this trajectory, not the run
-            ep.env_error = f"{type(err).__name__}: {err}"[:500]
+            ep.env_error = (getattr(err, "reason", None) or f"{type(err).__name__}: {err}")[:500]
             ep.truncated, ep.truncation, row.state = True, "env_error", _DONE
             return
         turn.reward, turn.info = float(result.reward), dict(result.info)

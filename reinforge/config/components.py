@@ -180,11 +180,37 @@ class EnvConfig(_Section):
         "('auto', 'template'), else a system-prompt description with the <tool_call> convention "
         "('fallback'; SmolLM2's template has no tool support).")
     tool_workers: int = Field(8, ge=1, description="Threads running environment steps (tool calls) "
-                              "concurrently.")
+                              "concurrently; with env.workers, the threads waiting on the worker processes "
+                              "(keep it >= env.workers).")
     overlap_tools: bool = Field(
         True, description="Keep decoding the other trajectories while one waits for its tools. Their "
         "arrival order then changes float rounding in attention; false waits for each step's tool calls, "
         "making runs bit-for-bit reproducible (resume equals the uninterrupted run).")
+    workers: int = Field(
+        0, ge=0, description="Where the environments run. 0: in the trainer's process (a step that hangs "
+        "blocks the run, one that kills its process kills the run). N: in N worker processes, episodes spread "
+        "over them, up to N stepping at once (with env.tool_workers >= N threads): an environment that "
+        "raises, passes env.step_timeout_s or kills its process ends that episode only (truncation "
+        "'env_error', the reason in the trajectory, counted in agent/env_errors), the worker is replaced, and "
+        "the other episodes on it are restored by replaying their actions. Same seeds, same trajectories as "
+        "in process for environments whose episodes depend only on their seed and the actions (the text "
+        "adapters'). The environment is made in the worker from its registered name: its module must be "
+        "importable there (`imports`, an entry point, the module that registers it, or a script whose training "
+        "is under `if __name__ == '__main__':`), and the task is pickled to each worker. A worker runs one call "
+        "at a time: for environments that mostly wait (a server), use more workers. Workers are no sandbox: "
+        "model-written code still runs through reinforge.sandbox (docs/agents.md, Environment workers).")
+    step_timeout_s: float | None = Field(
+        60.0, gt=0, description="With env.workers >= 1: the time limit of each call to an environment in a "
+        "worker (make and reset, step, close); past it the worker is killed and the episode ends with "
+        "env_error 'timeout: ...' (null: no limit). In process (env.workers=0) no limit is enforced.")
+
+    @model_validator(mode="after")
+    def _workers_for_loop_envs(self) -> "EnvConfig":
+        if self.workers and self.name == "verifiers":
+            raise ValueError(f"env.workers={self.workers}: env.name=verifiers runs its episodes through the "
+                             "verifiers package against the loopback endpoint, not in reinforge's environment "
+                             "workers; set env.workers=0")
+        return self
 
 
 class TrainerConfig(_Section):

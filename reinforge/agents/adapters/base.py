@@ -88,8 +88,21 @@ class TextEnvSpec:
     success: Callable[[float, dict], bool] | None = None
     baselines: dict[str, Callable] = field(default_factory=dict)
 
+    def __reduce__(self):
+        # Pickled by name (the task sent to environment workers holds its spec): a worker has
+        # imported the module that registered it, and ``make`` or a baseline may be a lambda.
+        return (text_env_spec_named, (self.name,))
+
 
 TEXT_ENVS: dict[str, TextEnvSpec] = {}
+
+
+def text_env_spec_named(name: str) -> TextEnvSpec:
+    """The registered text environment ``name`` (how a pickled spec is found again)."""
+    if name not in TEXT_ENVS:
+        raise LookupError(f"text environment {name!r} is not registered in this process: import the module that "
+                          "registers it (`imports`)")
+    return TEXT_ENVS[name]
 
 
 def register_text_env(name: str, make: Callable[..., Any], *, doc: str = "", observation: str = "append",
