@@ -34,6 +34,7 @@ from tiny_run import ROOT, cli_env, spawn_cli, tiny_run_overrides
 from reinforge.cli import main
 from reinforge.tracking import RunDir
 from reinforge.tracking.checkpoints import list_checkpoints
+from reinforge.tracking.index import format_runs_table, run_info
 
 GATED = "test_robustness:gated_sevens"
 
@@ -63,6 +64,9 @@ def _assert_interrupted(run: Path, signal_name: str, step: int, resume: str) -> 
     assert status["state"] == "interrupted", status
     assert status["signal"] == signal_name and status["step"] == step
     assert status["resume"] == f"{resume} {run}"
+    # `reinforge runs` says which signal stopped it
+    (line,) = format_runs_table([run_info(RunDir.open(run))], run.parent).splitlines()[1:]
+    assert f"interrupted by {signal_name}" in line, line
 
 
 # ----------------------------------------------------------------------------- SIGHUP

@@ -97,6 +97,7 @@ class RunInfo:
     writer: dict[str, Any] | None = None   # the process holding the writer lock
     segments: int = 1                      # configs the run trained under (resumes that changed it)
     problem: str | None = None             # a damaged or missing record: the file and what is wrong
+    stopped_by: str | None = None          # the signal that interrupted the run (SIGTERM, SIGINT, SIGHUP)
 
 
 def _num(v: Any) -> bool:
@@ -184,6 +185,7 @@ def _run_info(run: RunDir, metric: str) -> RunInfo:
         writer=writer,
         segments=segments,
         problem="; ".join(dict.fromkeys(problems)) or None,  # (config.yaml's fault can come twice)
+        stopped_by=(status or {}).get("signal") if (status or {}).get("state") == "interrupted" else None,
     )
 
 
@@ -206,7 +208,8 @@ def format_runs_table(infos: list[RunInfo], root: Path, metric: str = "accuracy"
         steps = "-" if i.kind != "train" else f"{i.steps_done}/{i.steps_total if i.steps_total is not None else '?'}"
         best = "-" if i.best is None else (f"{i.best:.3f}" + (f" @{i.best_step}" if i.best_step is not None else " (pass@1)"))
         final = "-" if i.final is None else f"{i.final:.3f}"
-        state = i.state if i.kind == "train" else f"{i.state} ({i.kind})"
+        state = f"{i.state} by {i.stopped_by}" if i.stopped_by else i.state
+        state = state if i.kind == "train" else f"{state} ({i.kind})"
         writer = "-" if not i.writer else (f"{i.writer.get('pid')}@{i.writer.get('hostname')}"
                                            if i.writer.get("pid") is not None else describe_holder(i.writer))
         rows.append([name, state, i.recipe, i.task, steps, best, final, i.sweep or "-", str(i.segments), writer]
