@@ -26,16 +26,6 @@ GENERATE = "/inference/v1/generate"
 HI = [{"role": "user", "content": "Hi"}]
 
 
-class Counting(HFGenerator):
-    """The HF generator, counting the calls that reach the engine."""
-
-    calls = 0
-
-    def generate(self, *a, **k):
-        self.calls += 1
-        return super().generate(*a, **k)
-
-
 @pytest.fixture(scope="module")
 def parts():
     tok = make_tokenizer()
@@ -43,9 +33,20 @@ def parts():
 
 
 def _server(parts, **kw) -> CompletionServer:
+    """A started server whose ``generator.calls`` counts the requests that reach its engine (the
+    batching engine, or ``generator.generate`` with ``batching=False``)."""
     tok, model = parts
     kw.setdefault("max_tokens", 6)
-    return CompletionServer(Counting(model, tok), **kw).start()
+    server = CompletionServer(HFGenerator(model, tok), **kw)
+    server.generator.calls = 0
+    run = server._run
+
+    def counted(*a, **k):
+        server.generator.calls += 1
+        return run(*a, **k)
+
+    server._run = counted
+    return server.start()
 
 
 def call(server, path, body=None, *, key=None, session=None, method="POST", raw: bytes | None = None):
@@ -146,13 +147,13 @@ def test_a_request_that_outlives_its_episode_is_not_recorded(parts):
     server = _server(parts)
     try:
         ep = server.open_episode()
-        real = server.generator.generate
+        real = server._run
 
         def slow(*a, **k):  # the episode ends while the engine works on its request
             server.close_episode(ep.id)
             return real(*a, **k)
 
-        server.generator.generate = slow
+        server._run = slow
         status, err = call(server, GENERATE, {"token_ids": [5, 6]}, key=ep.api_key)
         assert status == 403 and "finished while this request ran" in err["error"]["message"]
         assert server.generations == [] and server.conversations == []

@@ -19,13 +19,21 @@ Token-in/token-out across requests: a request whose messages begin with a conver
 already answered in the same episode (the same messages and the assistant message it returned)
 continues that conversation's token ids: the sampled tokens as they were sampled, then only the
 new messages' tokens, rendered as the agent loop renders observations (reinforge/agents/render.py).
-Anything else starts a new conversation from the chat template. Each request re-prefills its
-context (the engine keeps no cache between HTTP calls).
+Anything else starts a new conversation from the chat template.
 
 Tool calls: the request's ``tools`` are shown as the agent loop shows them (the template's
 ``tools=``, else the fallback system prompt), and ``<tool_call>{json}</tool_call>`` in the sampled
-text is returned as OpenAI ``tool_calls`` (``finish_reason: "tool_calls"``). Requests are served one
-at a time (one engine).
+text is returned as OpenAI ``tool_calls`` (``finish_reason: "tool_calls"``).
+
+Batching (reinforge/rollout/serving.py): with ``batching=True`` (the default, for an in-process HF
+generator over a full-attention model) every route's requests go to one ``BatchingEngine``:
+requests in flight share decode steps, a request arriving while others decode joins the running
+batch at the next step, and a prompt that starts with the ids of an earlier finished request (the
+next turn of a conversation, another sample of a prompt) reuses that request's KV cache from an
+LRU store of at most ``kv_cache_mb`` and prefills only the rest. Each request samples from its own
+RNG, seeded by its ``seed`` (chat) or ``sampling_params.seed`` (generate) when given, else drawn
+from torch's global RNG on arrival. ``batching=False``: one request at a time through
+``generator.generate``, every prompt prefilled in full.
 
 Token-in/token-out for clients that render prompts themselves: ``POST /inference/v1/generate``
 (the route vLLM's token-in/token-out server mounts, which ``verifiers``' training client calls)
@@ -52,6 +60,7 @@ from reinforge.agents.render import ChatRenderer
 from reinforge.agents.tools import parse_tool_calls, strip_tool_calls
 from reinforge.batch import RolloutBatch
 from reinforge.rollout.base import SamplingParams
+from reinforge.rollout.serving import MAX_SEED, BatchingEngine, supports_batching
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +134,16 @@ class CompletionServer:
     max_body_bytes:  the largest request body read (413 above it).
     max_connections: connections served at once, a thread each (503 to one more).
     io_timeout_s:    seconds a connection has to send its request, and for each write of the answer.
+    batching:        serve requests with a continuous-batching engine (shared decode steps, KV
+                     reuse across turns); False, or a generator it cannot drive: one at a time.
+    max_batch:       rows the batching engine decodes together at most.
+    kv_cache_mb:     the batching engine's store of finished requests' KV caches (LRU; 0: none).
     """
 
     def __init__(self, generator, *, port: int = 0, max_tokens: int = 256, tool_format: str = "auto",
                  model_name: str = "reinforge-policy", max_model_len: int | None = None,
-                 max_body_bytes: int = 8 << 20, max_connections: int = 64, io_timeout_s: float = 30.0):
+                 max_body_bytes: int = 8 << 20, max_connections: int = 64, io_timeout_s: float = 30.0,
+                 batching: bool = True, max_batch: int = 64, kv_cache_mb: float = 512):
         self.generator = generator
         self.tokenizer = generator.tokenizer
         self.renderer = ChatRenderer(self.tokenizer, tool_format)
@@ -148,7 +162,10 @@ class CompletionServer:
         self.gate = Gate()
         self._by_key: dict[str, Conversation] = {}
         self._keys_of: dict[str, list[str]] = {}
-        self._engine = threading.Lock()  # one request in the engine at a time
+        self._engine = threading.Lock()  # one request in the engine at a time (batching=False)
+        self._render = threading.Lock()  # a fast tokenizer must not be used by two threads at once
+        self.batcher = (BatchingEngine(generator, max_batch=max_batch, cache_bytes=int(kv_cache_mb * (1 << 20)))
+                        if batching and supports_batching(generator) else None)
         self._state = threading.Lock()  # what is recorded, and the episodes' conversations
         self._http = BoundedHTTPServer(("127.0.0.1", port), _handler(self), max_connections=max_connections,
                                        io_timeout_s=io_timeout_s)
@@ -171,12 +188,20 @@ class CompletionServer:
     def close(self) -> None:
         self._http.shutdown()
         self._http.server_close()
+        if self.batcher is not None:
+            self.batcher.close()
 
     def __enter__(self) -> "CompletionServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def forget_cache(self) -> None:
+        """Drop the batching engine's stored KV caches (they were computed under the weights of
+        their time; entries from another ``generator.version`` are dropped anyway)."""
+        if self.batcher is not None:
+            self.batcher.clear_cache()
 
     # -- episodes -------------------------------------------------------------------------------
     def open_episode(self, episode_id: str | None = None) -> LiveEpisode:
@@ -224,9 +249,33 @@ class CompletionServer:
         temperature = 1.0 if sp.get("temperature") is None else number_param(sp["temperature"], "temperature", 0.0,
                                                                               MAX_TEMPERATURE)
         top_p = 1.0 if sp.get("top_p") is None else number_param(sp["top_p"], "top_p", 0.0, 1.0, lo_open=True)
+        if sp.get("seed") is not None:
+            number_param(sp["seed"], "seed", 0, MAX_SEED, integer=True)
         return SamplingParams(num_samples=1, temperature=max(temperature, 1e-6), top_p=top_p,
                               max_new_tokens=min(limit, self.max_tokens, self.max_model_len - prompt_len),
                               greedy=temperature == 0.0)
+
+    def _run(self, ids: list[int], params: SamplingParams, stops=frozenset(), seed=None):
+        """(sampled ids, their log-probs, truncated) of one completion of ``ids``; ``stops``: stop
+        ids besides the model's EOS."""
+        seed = None if seed is None else int(seed)
+        if self.batcher is not None:
+            req = self.batcher.submit(ids, params, stop_ids=stops, seed=seed).result()
+            return req.tokens, req.logprobs, req.truncated
+        with self._engine:
+            # Per-request stop ids: the engine reads its stop set per call, and the lock keeps
+            # every other caller out while it is widened.
+            saved = self.generator.eos_ids
+            self.generator.eos_ids = saved | set(stops)
+            try:
+                with torch.random.fork_rng(devices=[]) if seed is not None else _nothing():
+                    if seed is not None:
+                        torch.manual_seed(seed)
+                    out = self.generator.generate([list(ids)], params)
+            finally:
+                self.generator.eos_ids = saved
+        k = int(out.completion_mask[0].sum())
+        return out.completion_ids[0, :k].tolist(), out.sampler_logprobs[0, :k].tolist(), bool(out.truncated[0])
 
     def complete(self, request: dict, episode: str | None = None) -> dict:
         """One chat completion; ``episode``: the live episode it belongs to (None: a direct
@@ -246,7 +295,7 @@ class CompletionServer:
                 if parent is not None:
                     cut = k
                     break
-        with self._engine:
+        with self._render:
             if parent is not None:
                 stop = self.tokenizer.decode(parent.token_ids[-1:]) if parent.token_ids else None
                 obs = self.renderer.observation_ids([_plain(m) for m in messages[cut:]], stop)
@@ -256,23 +305,22 @@ class CompletionServer:
             else:
                 conv = Conversation(list(messages), self.renderer.prompt_ids([_plain(m) for m in messages], tools),
                                     episode=episode)
-            context = conv.prompt_ids + conv.token_ids
-            params = self._sampling(request, len(context), max_tokens, "messages")
-            out = self.generator.generate([context], params)
-        k = int(out.completion_mask[0].sum())
-        sampled = out.completion_ids[0, :k].tolist()
-        lps = out.sampler_logprobs[0, :k].tolist()
+        context = conv.prompt_ids + conv.token_ids
+        params = self._sampling(request, len(context), max_tokens, "messages")
+        sampled, lps, truncated = self._run(context, params, seed=request.get("seed"))
+        k = len(sampled)
         conv.token_ids += sampled
         conv.action_mask += [True] * k
         conv.logprobs += lps
-        text = self.tokenizer.decode(sampled, skip_special_tokens=True)
+        with self._render:
+            text = self.tokenizer.decode(sampled, skip_special_tokens=True)
         calls = [c for c in parse_tool_calls(text) if c.error is None]
         message: dict = {"role": "assistant", "content": strip_tool_calls(text).strip() if calls else text}
         if calls:
             message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                                       "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
                                      for c in calls]
-        finish = "length" if bool(out.truncated[0]) else ("tool_calls" if calls else "stop")
+        finish = "length" if truncated else ("tool_calls" if calls else "stop")
         conv.messages.append(message)
         key = scope + "\n".join(keys + [_canonical(message)])
 
@@ -287,8 +335,9 @@ class CompletionServer:
         self._record(episode, record)
         choice = {"index": 0, "message": message, "finish_reason": finish}
         if request.get("logprobs"):
-            choice["logprobs"] = {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp}
-                                              for t, lp in zip(sampled, lps)]}
+            with self._render:
+                choice["logprobs"] = {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp}
+                                                  for t, lp in zip(sampled, lps)]}
         prompt_len = len(context)
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice],
@@ -316,19 +365,8 @@ class CompletionServer:
             raise RequestError(400, f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids",
                                param="stop_token_ids")
         stops = {number_param(t, "stop_token_ids", 0, vocab - 1, integer=True) for t in stop_ids}
-        with self._engine:
-            # Per-request stop ids: the engine reads its stop set per call, and the lock keeps
-            # every other caller out while it is widened.
-            saved = self.generator.eos_ids
-            self.generator.eos_ids = saved | stops
-            try:
-                out = self.generator.generate([list(ids)], params)
-            finally:
-                self.generator.eos_ids = saved
-        k = int(out.completion_mask[0].sum())
-        sampled = out.completion_ids[0, :k].tolist()
-        lps = out.sampler_logprobs[0, :k].tolist()
-        finish = "length" if bool(out.truncated[0]) else "stop"
+        sampled, lps, truncated = self._run(list(ids), params, frozenset(stops), seed=sp.get("seed"))
+        finish = "length" if truncated else "stop"
         rid = f"gen-{uuid.uuid4().hex[:16]}"
         self._record(session_id, lambda: self.generations.append(Generation(rid, list(ids), sampled, lps, finish,
                                                                              session_id)))
@@ -354,6 +392,11 @@ class CompletionServer:
                             group_index=torch.arange(n) if group_index is None else group_index,
                             texts=self.tokenizer.batch_decode([c.token_ids for c in convs], skip_special_tokens=True),
                             versions=torch.full((n,), self.generator.version, dtype=torch.long))
+
+
+@contextmanager
+def _nothing():
+    yield
 
 
 def _plain(message: dict) -> dict:

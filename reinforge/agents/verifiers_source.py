@@ -54,7 +54,7 @@ from reinforge.tasks.base import Example, Task, TaskError
 
 INSTALL_HINT = 'pip install "reinforge[verifiers]"'
 OPTIONS = ("taskset", "taskset_options", "harness", "harness_options", "env_id", "env_options", "renderer",
-           "max_concurrent", "strict")
+           "max_concurrent", "strict", "batching")
 
 
 def require_verifiers():
@@ -270,7 +270,10 @@ class VerifiersGenerator(WrappedGenerator):
                     renderers' model map is DefaultRenderer), max_concurrent (episodes in flight,
                     default 1 so the server
                     sees requests in a reproducible order), strict (raise on a branch that does
-                    not match the server's samples, default True; False drops the branch).
+                    not match the server's samples, default True; False drops the branch),
+                    batching (default True: the endpoint's continuous-batching engine, which decodes
+                    the episodes' concurrent requests together and reuses a conversation's KV cache
+                    across its turns; False: one request at a time, each prefilled in full).
     model_dir:      a folder the renderer loads the tokenizer and chat template from (None: the
                     generator's own tokenizer, saved to a temporary folder, so verifiers renders
                     with exactly the tokenizer the trainer uses).
@@ -294,6 +297,9 @@ class VerifiersGenerator(WrappedGenerator):
         opts = _options(dict(options))
         self.max_concurrent = int(opts.get("max_concurrent") or 1)
         self.strict = bool(opts.get("strict", True))
+        batching = opts.get("batching", True)
+        if not isinstance(batching, bool):
+            raise ValueError(f"env.options.batching must be true or false, got {batching!r}")
         self.renderer = opts.get("renderer")  # renderers' RendererConfig (None: chosen from the tokenizer)
         self.env = vf.load_environment(vf.resolve_env_config(env_config(opts, max_turns=max_turns)))
         self.recorded: list[VerifiersEpisode] = []
@@ -307,7 +313,7 @@ class VerifiersGenerator(WrappedGenerator):
                 model_dir = self._tmp
             self.model_dir = str(model_dir)
             # Room for every episode in flight (a few agents each) under the server's connection cap.
-            self.server = CompletionServer(base, max_tokens=max_tokens,
+            self.server = CompletionServer(base, max_tokens=max_tokens, batching=batching,
                                            max_connections=max(64, 8 * self.max_concurrent)).start()
             # verifiers' training client: it renders with the tokenizer in model_dir and calls the
             # server's /inference/v1/generate (built here so a bad renderer option fails at once).
@@ -405,6 +411,7 @@ class VerifiersGenerator(WrappedGenerator):
                 raise ValueError(f"example {e.id!r} carries no verifiers task (task.source must be env)")
             tasks.extend([task] * g)
         start = len(self.server.generations)
+        self.server.forget_cache()  # the weights may have changed since the last batch
         results = self._call(self._episodes(tasks, params))
         generations = self.server.generations[start:]
         del self.server.generations[start:]  # the server keeps no history between batches

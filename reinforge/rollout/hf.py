@@ -63,14 +63,17 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     return torch.log_softmax(scores, dim=-1)
 
 
-def sample_tokens(logprobs: torch.Tensor) -> torch.Tensor:
-    """One token per row drawn from exp(logprobs) by inverse CDF, with torch's global RNG.
+def sample_tokens(logprobs: torch.Tensor, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row drawn from exp(logprobs) by inverse CDF, with torch's global RNG
+    (``uniforms``: [B, 1] float64 draws in [0, 1) to use instead, one per row).
 
     The cumulative sum is in float64, so tokens with probabilities far below float32's resolution
     of the total keep their share. ``right=True`` finds the first index whose cumulative
     probability exceeds the draw, so a zero-probability token (a flat step) is never picked."""
     cdf = logprobs.exp().cumsum(dim=-1, dtype=torch.float64)
-    u = torch.rand(logprobs.shape[0], 1, dtype=torch.float64, device=logprobs.device) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand(logprobs.shape[0], 1, dtype=torch.float64, device=logprobs.device)
+    u = uniforms.to(device=logprobs.device, dtype=torch.float64) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=logprobs.shape[-1] - 1).squeeze(1)
 
 

@@ -65,6 +65,15 @@ class PreallocatedLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Make ``keys`` and ``values`` ([rows, kv_heads, capacity, head_dim]) this layer's buffers,
+        their first ``length`` slots filled (the batching engine assembles rows of different
+        caches into one batch this way)."""
+        self.device = keys.device
+        self._keys, self._values, self.length = keys, values, int(length)
+        self.is_initialized = True
+        self._expose()
+
     def get_max_length(self) -> int:
         return -1  # (it grows past its capacity when it must)
 
