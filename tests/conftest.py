@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import string
 
 import pytest
@@ -17,6 +18,25 @@ def _torch_threads_restored():
     yield
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
+
+
+_STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_as_a_fresh_process_has_them():
+    """Every test starts with the stop signals handled as in a fresh Python process (SIGINT:
+    KeyboardInterrupt, SIGTERM and SIGHUP: default) and not blocked, set again at the OS level:
+    a library imported by another test, or the runner that started pytest, may leave one ignored
+    or blocked, and children inherit that across exec, so the signal tests' `reinforge`
+    processes, shells and terminals would not stop as a user's do."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for s in _STOP_SIGNALS:
+            signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    yield
 
 
 CHAT_TEMPLATE = (
