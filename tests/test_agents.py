@@ -25,7 +25,7 @@ from reinforge.tasks.base import Example
 
 from conftest import CHAT_TEMPLATE, eos_biased_model, forward_logprobs, make_tokenizer
 from tiny_run import sevens as sevens_reward  # configs name it 'test_agents:sevens_reward'
-from tiny_run import tiny_run_overrides, write_task
+from tiny_run import bias_stop_token, tiny_run_overrides, write_task
 
 
 @pytest.fixture(autouse=True)
@@ -512,25 +512,8 @@ def _agent_config(tmp_path, model_dir, *extra):
 
 @pytest.fixture
 def eos_biased_loader(monkeypatch):
-    """The trainer's model loader, with the tiny model's stop token made likelier (real weights,
-    plus a forward hook on the head), so that its turns end and trajectories have several turns."""
-    import reinforge.learner.build as build_mod  # where the trainer loads its policy
-
-    real = build_mod.load_model
-
-    def load(*a, **k):
-        model = real(*a, **k)
-        eos = model.generation_config.eos_token_id
-
-        def hook(_m, _i, out):
-            out = out.clone()
-            out[..., eos] += 2.5
-            return out
-
-        model.lm_head.register_forward_hook(hook)
-        return model
-
-    monkeypatch.setattr(build_mod, "load_model", load)
+    """The tiny model with its stop token made likelier, so that its turns end."""
+    bias_stop_token(monkeypatch, 2.5)
 
 
 def test_agent_run_writes_trajectories_and_resumes_exactly(tmp_path, tiny_model_dir, eos_biased_loader):

@@ -22,6 +22,7 @@ from reinforge.rollout import HFGenerator, SamplingParams
 from reinforge.tasks.base import Example
 
 from conftest import make_model, make_tokenizer, save_tiny_model
+from tiny_run import bias_stop_token
 
 
 @pytest.fixture(autouse=True)
@@ -259,25 +260,8 @@ def test_gem_success_is_held_out_correct_not_the_verifiers_answer(gem_adapter):
 
 @pytest.fixture
 def short_turns(monkeypatch):
-    """The trainer's model loader with the tiny model's stop token made much likelier (a forward
-    hook on the head), so its turns end and the environment is stepped."""
-    import reinforge.learner.build as build_mod
-
-    real = build_mod.load_model
-
-    def load(*a, **k):
-        model = real(*a, **k)
-        eos = model.generation_config.eos_token_id
-
-        def hook(_m, _i, out):
-            out = out.clone()
-            out[..., eos] += 6.0
-            return out
-
-        model.lm_head.register_forward_hook(hook)
-        return model
-
-    monkeypatch.setattr(build_mod, "load_model", load)
+    """The tiny model with its stop token made likelier, so that its turns end."""
+    bias_stop_token(monkeypatch, 6.0)
 
 
 def _run(tmp_path, env_name: str, options: str, *extra):

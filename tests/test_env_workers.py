@@ -250,5 +250,15 @@ def test_the_same_seeds_give_the_same_trajectories_with_workers_as_in_process(tm
     (traj0, metrics0, evals0), (traj2, metrics2, evals2) = runs
     assert len(traj0) == 2 and traj0 == traj2
     assert metrics0 == metrics2 and evals0 == evals2
+    # Stopped after step 1 and resumed, the workers replay step 2 as the straight run did.
+    from reinforge.trainer import Trainer
+
+    _, rd = _train(tmp_path / "resumed", "guess_number", "env.workers=2", "task.options={high: 8}",
+                   "task.train_size=4", "task.eval_size=2", "trainer.prompts_per_step=2", "trainer.steps=1",
+                   "trainer.checkpoint_every=1", "trainer.eval_every=2", "trainer.eval_at_start=false",
+                   "rollout.temperature=1.0")
+    Trainer(build_config(rd.load_config(), ["trainer.steps=2"]), run_dir=rd, resume=True).run()
+    assert [f.read_text() for f in sorted((rd.path / "trajectories").glob("step_*.jsonl"))] == traj2
+    assert [{k: v for k, v in m.items() if not any(t in k for t in _TIMING)} for m in rd.read_metrics()] == metrics2
     turns = [t for line in traj0[0].splitlines() for t in json.loads(line)["turns"]]
     assert any(t["observations"] for t in turns)  # the environment answered, not just ended

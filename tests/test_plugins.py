@@ -24,7 +24,7 @@ from reinforge.rewards import RewardOutcome, build_reward
 from reinforge.rewards.registry import VERIFIER_PLUGINS
 from reinforge.tasks import FileTask, TaskError
 
-from tiny_run import tiny_run_overrides
+from tiny_run import bias_stop_token, tiny_run_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,25 +112,8 @@ def _agent_run(tmp_path, model_dir, name, *extra) -> list[str]:
 
 @pytest.fixture
 def turns_end(monkeypatch):
-    """The trainer's model loader with the tiny model's stop token made likelier (real weights plus
-    a hook on the head), so that its turns end and the environment is stepped."""
-    import reinforge.learner.build as build_mod
-
-    real = build_mod.load_model
-
-    def load(*a, **k):
-        model = real(*a, **k)
-        eos = model.generation_config.eos_token_id
-
-        def hook(_m, _i, out):
-            out = out.clone()
-            out[..., eos] += 4.0
-            return out
-
-        model.lm_head.register_forward_hook(hook)
-        return model
-
-    monkeypatch.setattr(build_mod, "load_model", load)
+    """The tiny model with its stop token made likelier, so that its turns end."""
+    bias_stop_token(monkeypatch, 4.0)
 
 
 def test_import_flag_registers_a_files_env_and_verifier_and_the_run_keeps_them(

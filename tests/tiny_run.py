@@ -146,3 +146,26 @@ def cli_in_process(*args: str) -> subprocess.CompletedProcess:
         root.removeHandler(handler)
         root.setLevel(level)
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def bias_stop_token(monkeypatch, bias: float) -> None:
+    """Make the trainer's model loader return the real tiny model with ``bias`` added to its stop
+    token's logit (a forward hook on the head), so that its turns end and an environment is
+    stepped: an untrained tiny model otherwise writes to the token cap every turn."""
+    import reinforge.learner.build as build_mod  # where the trainer loads its policy
+
+    real = build_mod.load_model
+
+    def load(*a, **k):
+        model = real(*a, **k)
+        eos = model.generation_config.eos_token_id
+
+        def hook(_m, _i, out):
+            out = out.clone()
+            out[..., eos] += bias
+            return out
+
+        model.lm_head.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(build_mod, "load_model", load)
