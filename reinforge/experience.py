@@ -92,6 +92,12 @@ class LocalExperienceSource:
                 rollout = self.generator.generate_examples(examples, sampling, record=True)
             else:
                 rollout = self.generator.generate([self.encode(e) for e in examples], sampling)
+        seats = getattr(rollout, "group_examples", None)
+        if seats is not None and len(seats) != len(examples):
+            # A game of several trained seats: a group per (example, seat), each with its own
+            # example (agents/seats.py), and the example's index once per seat.
+            per = len(seats) // len(examples)
+            return Collected(rollout, list(seats), [i for i in indices for _ in range(per)])
         return Collected(rollout, examples, indices)
 
     def score(self, collected: Collected) -> Scores:
@@ -112,17 +118,21 @@ class LocalExperienceSource:
         n_kept = rounds = 0
         sampled_tokens = 0.0
         last = None
-        while n_kept < need and rounds < cur.max_rounds:
+        need_groups = need  # a game of several trained seats has a group per seat
+        while n_kept < need_groups and rounds < cur.max_rounds:
             rounds += 1
             with timer("collect"):
-                collected = self.collect(cur.sample(need), key=(step, rounds))
+                indices = cur.sample(need)
+                collected = self.collect(indices, key=(step, rounds))
+            if rounds == 1:
+                need_groups = need * max(1, len(collected.examples) // max(1, len(indices)))
             with timer("score"):
                 scores = self.score(collected)
             rollout = collected.rollout
             sampled_tokens += float(rollout.action_lengths.sum())
             cur.observe(collected.indices, scores.rewards, rollout.group_index)
             last = (rollout, collected.examples, scores)
-            good = cur.keep(scores.rewards, rollout.group_index).nonzero().squeeze(1)[: need - n_kept]
+            good = cur.keep(scores.rewards, rollout.group_index).nonzero().squeeze(1)[: need_groups - n_kept]
             if len(good) == rollout.num_groups:
                 kept.append(last)
             elif len(good):

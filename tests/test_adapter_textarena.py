@@ -141,8 +141,9 @@ def test_two_player_game_against_a_fixed_opponent():
 @pytest.mark.parametrize("options, message", [
     ({"env_id": "GuessTheNumbr-v0"}, "not a TextArena game; did you mean GuessTheNumber-v0"),
     ({"env_id": "TicTacToe-v0"}, "cannot be played by 1 player.*set env.options.opponent"),
-    ({"env_id": "TicTacToe-v0", "opponent": "self_play"}, "self_play' is not supported.*module:function"),
-    ({"env_id": "TicTacToe-v0", "opponent": "model"}, "frozen copy of the model"),
+    ({"env_id": "TicTacToe-v0", "opponent": "model"}, "'self_play'.*'frozen'.*module:function"),
+    ({"env_id": "TicTacToe-v0", "opponent": "self_play", "player": 1}, "the model plays every seat"),
+    ({"env_id": "TicTacToe-v0", "opponent": "frozen", "player": "random"}, "an integer from 0 to 1"),
     ({"env_id": "TicTacToe-v0", "opponent": "test_adapter_textarena:lowest_cell", "player": 2}, "player=2"),
     ({"env_id": "GuessTheNumber-v0", "colour": "red"}, "does not take these options.*colour"),
     ({}, "env_id is required"),

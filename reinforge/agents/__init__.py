@@ -32,10 +32,13 @@ def build_run_task(cfg):
     return make_env_task(spec, cfg.task, dict(cfg.env.options))
 
 
-def build_agent(cfg, generator, reward_fn, task) -> tuple[AgentGenerator, AgentReward]:
+def build_agent(cfg, generator, reward_fn, task, *, frozen_model=None,
+                model_path=None) -> tuple[AgentGenerator, AgentReward]:
     """The agent generator (wrapping the run's HF generator) and the trajectory reward, from the
     config's ``env`` section (``env.name: verifiers``: a verifiers taskset's episodes,
-    reinforge/agents/verifiers_source.py)."""
+    reinforge/agents/verifiers_source.py). With ``env.options.opponent: frozen`` the opponent's
+    seats decode with ``frozen_model`` (the trainer passes its KL reference when it has one), else
+    a frozen copy loaded from ``model_path`` (the run's starting weights; default model.path)."""
     e = cfg.env
     if e.name == "verifiers":  # episodes run by verifiers against the loopback endpoint
         from reinforge.agents.verifiers_source import build_verifiers_agent
@@ -50,11 +53,25 @@ def build_agent(cfg, generator, reward_fn, task) -> tuple[AgentGenerator, AgentR
                                  imports=list(getattr(cfg, "imports", None) or []))
     else:
         make_env = env_factory(e.name, dict(e.options), task)
+    if e.seat_mode == "frozen" and frozen_model is None:
+        frozen_model = frozen_copy(cfg, model_path, generator.engine)
     agent = AgentGenerator(generator, make_env, budgets, tool_format=e.tool_format,
-                           tool_workers=e.tool_workers, overlap_tools=e.overlap_tools)
+                           tool_workers=e.tool_workers, overlap_tools=e.overlap_tools, frozen_model=frozen_model)
     reward = AgentReward(reward_fn, turn_rewards=e.turn_rewards, turn_discount=e.turn_discount,
                          truncated_reward=e.truncated_reward)
     return agent, reward
+
+
+def frozen_copy(cfg, model_path, like):
+    """The starting weights (``model_path``, default ``model.path``), whole (no LoRA), in eval mode
+    with no gradients, on ``like``'s device: the frozen opponent (never updated)."""
+    from reinforge.models import load_model, model_device, resolve_model_path
+
+    path = model_path or resolve_model_path(cfg.model.path)
+    model = load_model(cfg.model.model_copy(update={"lora": None}), path=path, device=model_device(like)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
 
 
 __all__ = [

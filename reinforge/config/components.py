@@ -204,8 +204,23 @@ class EnvConfig(_Section):
         "worker (make and reset, step, close); past it the worker is killed and the episode ends with "
         "env_error 'timeout: ...' (null: no limit). In process (env.workers=0) no limit is enforced.")
 
+    @property
+    def seat_mode(self) -> str | None:
+        """'self_play' or 'frozen' when ``options.opponent`` names one: a game whose every seat is
+        a trajectory of the agent loop (agents/seats.py), else None."""
+        opponent = self.options.get("opponent")
+        return opponent if opponent in ("self_play", "frozen") else None
+
+    @property
+    def seats(self) -> int:
+        """Trajectories decoded per game: ``options.num_players`` (2 unless given) with a seat mode, else 1."""
+        return int(self.options.get("num_players") or 2) if self.seat_mode else 1
+
     @model_validator(mode="after")
     def _workers_for_loop_envs(self) -> "EnvConfig":
+        if self.workers and self.seat_mode:
+            raise ValueError(f"env.workers={self.workers} with env.options.opponent={self.seat_mode}: a game whose "
+                             "seats are all trajectories is shared by their rows in this process; set env.workers=0")
         if self.workers and self.name == "verifiers":
             raise ValueError(f"env.workers={self.workers}: env.name=verifiers runs its episodes through the "
                              "verifiers package against the loopback endpoint, not in reinforge's environment "

@@ -143,6 +143,12 @@ class RunConfig(_Section):
             if rollout.backend != "hf":
                 raise ValueError("env: multi-turn agents decode with rollout.backend=hf (got "
                                  f"{rollout.backend!r})")
+            if self.env.seat_mode and (needs_of(algo).greedy_baseline or self.curriculum.strategy == "reinforce_ada"):
+                what = (f"algorithm.advantage={algo.advantage} (one greedy baseline per prompt)"
+                        if needs_of(algo).greedy_baseline else "curriculum.strategy=reinforce_ada (groups per prompt)")
+                raise ValueError(f"env.options.opponent={self.env.seat_mode} gives each game a group per seat, which "
+                                 f"{what} does not support: use a group estimator (grpo, rloo, ...) and another "
+                                 "curriculum")
             if self.env.turn_rewards == "tokens" and (not needs_of(algo).token_rewards or algo.gamma != 1.0):
                 raise ValueError("env.turn_rewards=tokens needs an estimator that takes token rewards "
                                  "(algorithm.advantage=reinforce_pp, reinforce_pp_baseline or gae) with "

@@ -59,9 +59,19 @@ def generate_and_score(generator, reward_fn, examples: Sequence["Example"], enco
         rollout = generator.generate_examples(list(examples), params)
     else:
         rollout = generator.generate([encode(e) for e in examples], params)
-    g = params.num_samples
-    per_row = [examples[i // g] for i in range(len(examples) * g)]
-    return rollout, reward_fn.score(rollout, per_row)
+    return rollout, reward_fn.score(rollout, row_examples(rollout, examples))
+
+
+def group_examples(rollout, examples: Sequence["Example"]) -> list["Example"]:
+    """Each group's example: ``examples``, or in a game whose every seat trains (self-play) one
+    per example and seat (the agent loop's ``group_examples``, agents/seats.py)."""
+    return list(getattr(rollout, "group_examples", None) or examples)
+
+
+def row_examples(rollout, examples: Sequence["Example"]) -> list["Example"]:
+    """Each row's example (rows of a group are contiguous)."""
+    groups = group_examples(rollout, examples)
+    return [groups[int(g)] for g in rollout.group_index]
 
 
 def greedy_heldout_eval(
@@ -85,10 +95,12 @@ def greedy_heldout_eval(
         rollout, scores = generate_and_score(generator, reward_fn, examples, encode, params)
         texts, outcomes, lengths = rollout.texts, scores.outcomes, rollout.action_lengths
         episodes = getattr(rollout, "episodes", None)
+        rows = row_examples(rollout, examples)
     else:
-        texts, outcomes, lengths, episodes = [], [], [], []
+        texts, outcomes, lengths, episodes, rows = [], [], [], [], []
         for start in range(0, len(examples), chunk):
             rollout, scores = generate_and_score(generator, reward_fn, examples[start:start + chunk], encode, params)
+            rows += row_examples(rollout, examples[start:start + chunk])
             texts += rollout.texts
             outcomes += scores.outcomes
             lengths.append(rollout.action_lengths)
@@ -103,10 +115,10 @@ def greedy_heldout_eval(
     summary["reward_errors"] = int(sum(len(o.errors) for o in outcomes))  # scored 0: accuracy is a floor
     per_prompt = [
         {"id": e.id, "answer": e.answer, "completion": t, "correct": c, "reward": r}
-        for e, t, c, r in zip(examples, texts, correct, rewards)
+        for e, t, c, r in zip(rows, texts, correct, rewards)
     ]
-    if guardrails is not None:
-        record, extra = guardrails.measure(examples, [[t] for t in texts], [[c] for c in correct])
+    if guardrails is not None:  # (a game whose every seat trains: a row per seat, all seats averaged)
+        record, extra = guardrails.measure(rows, [[t] for t in texts], [[c] for c in correct])
         for row, x in zip(per_prompt, extra):
             row["extracted"], row["well_formed"] = x["answers"][0], x["well_formed"][0]
         summary.update(flat_metrics(record))
@@ -319,7 +331,7 @@ def sampled_eval(
     outcomes = scores.outcomes
     lengths = rollout.action_lengths.tolist()
     rows = []
-    for i, e in enumerate(setup.examples):
+    for i, e in enumerate(group_examples(rollout, setup.examples)):
         sl = slice(i * samples, (i + 1) * samples)
         texts, outs = rollout.texts[sl], outcomes[sl]
         if episodes is not None:  # the answer is in the final turn; votes and logs read it there

@@ -145,10 +145,17 @@ def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEsti
         "reference_model": 4 * P if needs.reference and not lora else 0,
         "critic": 16 * P if needs.critic else 0,  # weights, gradients, AdamW
     }
+    env = getattr(cfg, "env", None)
+    seat_mode = env.seat_mode if env is not None else None
+    seats = env.seats if env is not None else 1
+    if seat_mode == "frozen":  # the opponent's weights: the KL reference's when there is one (agents/seats.py)
+        resident["frozen_opponent"] = 0 if resident["reference_model"] else 4 * P
 
     g = cfg.rollout.num_samples
-    rows = cfg.trainer.prompts_per_step * g
-    gen_rows = min(rows, max(g, cfg.rollout.generation_batch_size // g * g))  # chunks hold whole groups
+    # A game of several seats decodes a row per seat (chunks hold whole games); self-play trains them all.
+    rows = cfg.trainer.prompts_per_step * g * (seats if seat_mode == "self_play" else 1)
+    decoded = cfg.trainer.prompts_per_step * g * seats
+    gen_rows = min(decoded, max(g * seats, cfg.rollout.generation_batch_size // (g * seats) * g * seats))
     # tokens after the prompt: an agent's trajectory (env:) holds every turn and observation
     after = cfg.env.max_tokens if getattr(cfg, "env", None) else cfg.rollout.max_new_tokens
     seq = prompt_tokens + after
@@ -171,7 +178,7 @@ def estimate_memory(cfg, shape: ModelShape, *, prompt_tokens: int) -> MemoryEsti
     # A micro-batch holds at most the token budget, and at most the whole step's rollout.
     c = after
     share = cfg.learner.share_prompt_prefix and not cfg.model.gradient_checkpointing
-    step_tokens = cfg.trainer.prompts_per_step * prompt_tokens + rows * c if share else rows * (prompt_tokens + c)
+    step_tokens = rows // g * prompt_tokens + rows * c if share else rows * (prompt_tokens + c)
     tokens = min(cfg.learner.micro_batch_tokens, step_tokens)
     # 4 bytes even under bf16: CPU autocast keeps the residual stream and the norms in float32
     # and saves bf16 copies of the matmul inputs besides (measured: about as much as fp32).
@@ -214,6 +221,7 @@ def _advice(cfg, est: MemoryEstimate) -> list[str]:
         "gradients": [] if cfg.model.lora else ["train LoRA adapters (model.lora)"],
         "adamw_states": [] if cfg.model.lora else ["train LoRA adapters (model.lora)"],
         "bf16_weight_copies": ["train LoRA adapters (model.lora)"],
+        "frozen_opponent": ["use env.options.opponent=self_play (no second copy of the weights)"],
         "reference_model": ["train LoRA adapters (model.lora: the KL reference is then the base model "
                             "with the adapters off, no copy)"],
         "critic": ["use a critic-free algorithm.advantage ("

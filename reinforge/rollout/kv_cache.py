@@ -130,3 +130,27 @@ class PreallocatedCache(DynamicCache):
             self.layer_class_to_replicate = functools.partial(PreallocatedLayer, self.capacity)
         self.layers = [PreallocatedLayer(self.capacity) if type(layer) is DynamicLayer else layer
                        for layer in self.layers]
+
+
+def merge_rows(cache: DynamicCache, attn: torch.Tensor, other: DynamicCache, other_attn: torch.Tensor) -> torch.Tensor:
+    """Append ``other``'s rows to ``cache`` (in place) and return the merged attention mask: both
+    are left-padded with masked, zero-filled slots to the wider one's length (cached keys carry
+    their rotary positions, so a row's real slots need not line up with another's). Used when rows
+    join a decode batch late (agents/loop.py: a seat whose first turn comes after another seat's
+    move). Full-attention ``PreallocatedLayer`` caches only."""
+    la_len, lb_len = attn.shape[1], other_attn.shape[1]
+    width = max(la_len, lb_len)
+    for a, b in zip(cache.layers, other.layers, strict=True):
+        if not (isinstance(a, PreallocatedLayer) and isinstance(b, PreallocatedLayer)):
+            raise TypeError("rows can join a running decode batch only with full-attention layers "
+                            f"(got {type(a).__name__}): games of several seats need such a model")
+        capacity = max(a._keys.shape[2], b._keys.shape[2], width)
+        merged = []
+        for x, y in ((a._keys, b._keys), (a._values, b._values)):
+            buf = x.new_zeros((x.shape[0] + y.shape[0], x.shape[1], capacity, x.shape[3]))
+            buf[: x.shape[0], :, width - la_len : width] = x[:, :, :la_len]
+            buf[x.shape[0]:, :, width - lb_len : width] = y[:, :, :lb_len]
+            merged.append(buf)
+        a.adopt(merged[0], merged[1], width)
+    pad = torch.nn.functional.pad
+    return torch.cat([pad(attn, (width - la_len, 0)), pad(other_attn, (width - lb_len, 0))])

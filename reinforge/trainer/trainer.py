@@ -165,7 +165,11 @@ class Trainer:
             autocast_dtype=self.autocast_dtype, seed=cfg.trainer.seed,
         )
         if cfg.env is not None:  # multi-turn: trajectories from an environment (docs/agents.md)
-            self.generator, self.reward_fn = build_agent(cfg, self.generator, self.reward_fn, self.task)
+            # A frozen opponent (env.options.opponent: frozen) decodes with the KL reference's
+            # weights when there is one (the same step-0 weights), else a copy loaded for it.
+            self.generator, self.reward_fn = build_agent(cfg, self.generator, self.reward_fn, self.task,
+                                                         frozen_model=self.learner.reference_model,
+                                                         model_path=model_path)
         self.local = LocalExperienceSource(
             examples=self.train_examples, encode=self._encode, generator=self.generator, reward_fn=self.reward_fn,
             curriculum=self.curriculum, sampling=SamplingParams.from_rollout(cfg.rollout),

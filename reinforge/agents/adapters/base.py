@@ -41,8 +41,8 @@ from reinforge.agents.env import StepResult
 from reinforge.agents.registry import ENVS, _same_function, register_env
 from reinforge.tasks.base import Example, PromptFormat, Task, TaskError
 
-__all__ = ["TEXT_ENVS", "BaselineNotApplicable", "TextEnvSpec", "TextEnvAdapter", "TextEnvTask", "IsolatedRNG", "episode_seeds",
-           "register_text_env", "run_policy", "text_env_spec"]
+__all__ = ["TEXT_ENVS", "BaselineNotApplicable", "TextEnvSpec", "TextEnvAdapter", "TextEnvTask", "TextMatchAdapter", "IsolatedRNG", "episode_seeds",
+           "open_text_env", "register_text_env", "run_policy", "shown_part", "text_env_spec"]
 
 logger = logging.getLogger("reinforge.agents")
 
@@ -140,7 +140,7 @@ def register_text_env(name: str, make: Callable[..., Any], *, doc: str = "", obs
     TEXT_ENVS[name] = spec
 
     def factory(task, **options):
-        return TextEnvAdapter(TEXT_ENVS[name], options, task=task)
+        return open_text_env(TEXT_ENVS[name], options, task=task)
 
     def make_task(task_config, **options):
         return TextEnvTask(TEXT_ENVS[name], task_config, options)
@@ -193,7 +193,7 @@ class TextEnvTask(Task):
         self.format = PromptFormat(task_config.system_prompt, task_config.prompt_suffix,
                                    tuple({"user": s.user, "assistant": s.assistant} for s in task_config.few_shot))
         try:  # one environment made now, so bad options fail before any model loads
-            TextEnvAdapter(spec, self.options).close()
+            open_text_env(spec, self.options).close()
         except TypeError as err:
             raise TaskError(f"env.options for environment {spec.name!r}: {err}") from None
         except ImportError as err:  # the adapter's package is missing: its message names the extra
@@ -256,14 +256,13 @@ class TextEnvAdapter:
 
     tools: list[dict] = []
 
-    def __init__(self, spec: TextEnvSpec, options: dict[str, Any], *, task=None):
+    def __init__(self, spec: TextEnvSpec, options: dict[str, Any], *, task=None, env=None):
         self.spec = spec
         self.options = dict(options)
         self.max_turns: int | None = None
         self.format = getattr(task, "format", None) or PromptFormat()
         self._rng = IsolatedRNG(0)
-        with self._rng.active():
-            self.env = spec.make(**self.options)
+        self.env = env if env is not None else make_text_env(spec, self.options)
         for attr in ("reset", "step"):
             if not callable(getattr(self.env, attr, None)):
                 raise TypeError(f"text environment {spec.name!r}: make(**options) returned "
@@ -323,14 +322,7 @@ class TextEnvAdapter:
         return None
 
     def _shown(self, obs: str) -> str:
-        """What the model is shown of a new observation: all of it ("append"), or in "replace"
-        mode what changed: the new part when the state grew from the last one, else the whole
-        state (so the conversation's content is the current state, with no re-tokenizing)."""
-        if self.spec.observation == "replace" and self.observation and obs.startswith(self.observation):
-            new = obs[len(self.observation):].strip()
-            if new:
-                return new
-        return obs
+        return shown_part(self.spec.observation, self.observation, obs)
 
     def close(self) -> None:
         """Close the environment (the agent loop calls this when the episode is over); a failure
@@ -344,6 +336,33 @@ class TextEnvAdapter:
                 logger.warning("closing text environment %r failed: %s: %s", self.spec.name, type(err).__name__, err)
 
 
+def shown_part(mode: str, last: str, obs: str) -> str:
+    """What the model is shown of a new observation ``obs`` after ``last``: all of it ("append"),
+    or in "replace" mode what changed: the new part when the state grew from the last one, else
+    the whole state (so the conversation's content is the current state, with no re-tokenizing)."""
+    if mode == "replace" and last and obs.startswith(last):
+        new = obs[len(last):].strip()
+        if new:
+            return new
+    return obs
+
+
+def make_text_env(spec: TextEnvSpec, options: dict[str, Any]):
+    """``spec.make(**options)`` under a fixed stream of the global RNGs (its draws replay)."""
+    with IsolatedRNG(0).active():
+        return spec.make(**options)
+
+
+def open_text_env(spec: TextEnvSpec, options: dict[str, Any], task=None):
+    """One episode's environment: a ``TextEnvAdapter``, or for a game whose every seat is a
+    trajectory (``make`` returned an object with ``seats``: self-play, a frozen opponent) a
+    ``TextMatchAdapter`` (below)."""
+    env = make_text_env(spec, options)
+    if getattr(env, "seats", None):
+        return TextMatchAdapter(spec, env, task=task)
+    return TextEnvAdapter(spec, options, task=task, env=env)
+
+
 def _text(obs) -> str:
     return obs if isinstance(obs, str) else str(obs)
 
@@ -354,6 +373,85 @@ def _jsonable(v) -> bool:
         return True
     except (TypeError, ValueError):
         return False
+
+
+# -- games whose every seat is a trajectory (self-play, a frozen opponent) ------------------------
+#
+# A family's ``make(**options)`` returns such a game when it has ``seats`` (per seat "policy" or
+# "frozen") and ``reset(seed)``, ``to_move() -> seat | None`` (None once over), ``observation(seat)
+# -> str`` (what the seat to move sees; called once per turn of it), ``act(seat, action)``, and
+# ``result() -> {seat: (reward, info)}`` once over (info may hold "success"). The adapter is the
+# agent loop's match (agents/seats.py): every call inside the episode's own RNG streams, each seat
+# shown what its observation added since its last turn ("replace") or all of it ("append").
+
+class TextMatchAdapter:
+    """One game of a several-seat text family under the match protocol of agents/seats.py."""
+
+    tools: list[dict] = []
+
+    def __init__(self, spec: TextEnvSpec, game, *, task=None):
+        for attr in ("reset", "to_move", "observation", "act", "result"):
+            if not callable(getattr(game, attr, None)):
+                raise TypeError(f"text environment {spec.name!r}: a game with seats needs {attr}() "
+                                f"({type(game).__name__} has none)")
+        self.spec, self.game = spec, game
+        self.seats = tuple(game.seats)
+        self.max_turns: int | None = getattr(game, "max_turns", None)
+        self.format = getattr(task, "format", None) or PromptFormat()
+        self._rng = IsolatedRNG(0)
+        self.seed: int | None = None
+        self._seen = [""] * len(self.seats)  # each seat's last whole observation
+        self._result: dict[int, tuple[float, dict]] | None = None
+
+    def _guard(self):
+        return self._rng.active() if getattr(self.game, "uses_global_rng", True) else contextlib.nullcontext()
+
+    def reset(self, example: Example) -> None:
+        self.seed = _episode_seed(example)
+        self._rng = IsolatedRNG(self.seed)
+        with self._guard():
+            self.game.reset(seed=self.seed)
+        self._seen = [""] * len(self.seats)
+        self._result = None
+
+    def to_move(self) -> int | None:
+        with self._guard():
+            seat = self.game.to_move()
+        return None if seat is None else int(seat)
+
+    def _view(self, seat: int) -> str:
+        with self._guard():
+            text = str(self.game.observation(seat))
+        shown = shown_part(self.spec.observation, self._seen[seat], text)
+        self._seen[seat] = text
+        return shown
+
+    def opening(self, seat: int) -> list[dict]:
+        return self.format.messages(self._view(seat))
+
+    def step(self, seat: int, message: dict) -> None:
+        with self._guard():
+            self.game.act(seat, str(message.get("content", "")))
+
+    def observe(self, seat: int) -> StepResult:
+        if self.to_move() is not None:
+            return StepResult([{"role": "user", "content": self._view(seat)}], 0.0, False, {})
+        if self._result is None:
+            with self._guard():
+                self._result = {int(k): (float(r), dict(i or {})) for k, (r, i) in self.game.result().items()}
+        reward, info = self._result.get(seat, (0.0, {}))
+        record: dict[str, Any] = {"env_info": {k: v for k, v in info.items() if _jsonable(v)}}
+        if info.get("success") is not None:
+            record["success"] = bool(info["success"])
+        elif self.spec.success is not None:
+            record["success"] = bool(self.spec.success(reward, info))
+        return StepResult([], reward, True, record)
+
+    def close(self) -> None:
+        close = getattr(self.game, "close", None)
+        if callable(close):
+            with self._guard():
+                close()
 
 
 # -- baselines ----------------------------------------------------------------------------------
@@ -380,7 +478,11 @@ def run_policy(spec: TextEnvSpec, options: dict[str, Any], examples: Sequence[Ex
     wants_env = _wants_env(policy)
     out = []
     for ex in examples:
-        env = TextEnvAdapter(spec, options)
+        env = open_text_env(spec, options)
+        if not isinstance(env, TextEnvAdapter):
+            env.close()
+            raise BaselineNotApplicable("every seat of this game is a trajectory (self-play, a frozen opponent): "
+                                        "a baseline plays one seat against the environment")
         try:
             env.reset(ex)
             rng = random.Random(f"reinforge/baseline/{env.seed}")

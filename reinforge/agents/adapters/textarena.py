@@ -20,13 +20,18 @@ earlier step's reward is 0. A one-player game gives 1 for solving it and partial
 success is a win (a reward above every other player's; a draw is not one). The game's own turn
 limit ends it as the game's rules say (terminated, with the game's reward), not as a truncation.
 
-Games of two or more players: the model plays seat ``player`` and ``opponent`` plays every other
-seat, a fixed policy ``opponent(observation) -> action text`` named as ``module:function`` or
-``file.py:function``. It runs inside the episode's isolated streams, so one that draws from
-``random`` replays with the episode. A frozen copy of the model or self-play as the opponent is
-refused: the opponent's turns would be sampled outside the agent loop's batched decoding (a second
-model decoding one turn at a time inside an environment step), and self-play's second seat needs
-per-seat rewards and advantages that one trajectory with one outcome does not carry.
+Games of two or more players, by ``opponent``:
+
+- a fixed policy ``opponent(observation) -> action text`` named as ``module:function`` or
+  ``file.py:function``: the model plays seat ``player`` and the policy every other seat, inside the
+  episode's isolated streams (one that draws from ``random`` replays with the episode);
+- ``self_play``: the model plays every seat, each seat its own trajectory (its own conversation,
+  the game as that player sees it, its own reward and verdict), and every seat's turns train;
+- ``frozen``: the model plays seat ``player`` against a frozen copy of the starting model at the
+  other seats, decoded in the same batched loop; only the model's seat trains.
+
+For the last two the game is a match (``TextArenaMatch``; the agent loop's mechanism is
+agents/seats.py): every seat's turns are sampled by the agent loop's batched decoding.
 """
 
 from __future__ import annotations
@@ -42,11 +47,12 @@ from typing import Any
 from reinforge.agents.adapters.base import BaselineNotApplicable, register_text_env
 from reinforge.config.callables import load_callable
 
-__all__ = ["TextArenaEnv", "make_textarena", "textarena_success"]
+__all__ = ["SEAT_MODES", "TextArenaEnv", "TextArenaMatch", "make_textarena", "textarena_success"]
 
 _MISSING = "env.name=textarena needs TextArena: pip install 'reinforge[textarena]'"
-# Opponents this adapter does not play (see the module docstring), and the reason given.
-_REFUSED = {"model", "frozen", "frozen_model", "self", "self_play", "selfplay", "policy"}
+# Seats played by the model itself: the two names, and other spellings pointed to them.
+SEAT_MODES = ("self_play", "frozen")
+_MISSPELT = {"model", "frozen_model", "self", "selfplay", "self-play", "policy"}
 _MAX_OPPONENT_MOVES = 64  # an opponent that never hands the turn back is a broken game, not a hang
 
 
@@ -104,7 +110,7 @@ class TextArenaEnv:
         except AssertionError as err:  # TextArena's way to refuse a player count
             raise TypeError(f"TextArena game {self.env_id!r} cannot be played by {self.num_players} player(s) "
                             f"({err}); for a game of two or more players set env.options.opponent "
-                            "('module:function', a policy for the other seats) and, if more than two, "
+                            "('module:function', a policy for the other seats; self_play; or frozen) and, if more than two, "
                             "num_players") from None
         if self.seat_option == "random":
             # The global stream TextArena's reset just seeded: the episode's own (adapters/base.py).
@@ -170,6 +176,54 @@ class TextArenaEnv:
         self.done = True
 
 
+class TextArenaMatch:
+    """A TextArena game whose every seat is a trajectory (``seats``: "policy" or "frozen" per
+    seat), under the several-seat contract of adapters/base.py (``TextMatchAdapter``)."""
+
+    def __init__(self, make_game: Callable[[], Any], env_id: str, *, seats: tuple[str, ...]):
+        self.make_game, self.env_id, self.seats = make_game, env_id, tuple(seats)
+        self.game = None
+        self.done = False
+
+    def reset(self, seed: int | None = None) -> None:
+        # A fresh game per episode (TextArena's observation wrappers keep each player's history).
+        self.game = self.make_game()
+        try:
+            self.game.reset(num_players=len(self.seats), seed=seed)
+        except AssertionError as err:  # TextArena's way to refuse a player count
+            raise TypeError(f"TextArena game {self.env_id!r} cannot be played by {len(self.seats)} players ({err}); "
+                            "set env.options.num_players") from None
+        self.done = False
+
+    def to_move(self) -> int | None:
+        return None if self.done else int(self.game.state.current_player_id)
+
+    def observation(self, seat: int) -> str:
+        player, text = self.game.get_observation()
+        if int(player) != seat:  # pragma: no cover - the table asks the seat to move only
+            raise RuntimeError(f"TextArena game {self.env_id!r}: seat {player} to move, not {seat}")
+        return str(text)
+
+    def act(self, seat: int, action: str) -> None:
+        done, _info = self.game.step(action=str(action))
+        self.done = bool(done)
+
+    def result(self) -> dict[int, tuple[float, dict]]:
+        rewards, game_info = self.game.close()
+        rewards = {int(k): float(v) for k, v in (rewards or {}).items()}
+        out = {}
+        for seat in range(len(self.seats)):
+            mine = dict((game_info or {}).get(seat, {}))
+            out[seat] = (rewards.get(seat, 0.0), {
+                "rewards": {str(k): v for k, v in sorted(rewards.items())}, "player": seat,
+                "reason": mine.get("reason"), "invalid_move": bool(mine.get("invalid_move", False)),
+                "turn_count": mine.get("turn_count"), "success": textarena_success(rewards, seat)})
+        return out
+
+    def close(self) -> None:
+        pass  # close() of the game hands out the rewards: called by result() at the end
+
+
 def textarena_success(rewards: dict[int, float], player: int) -> bool:
     """A one-player game is solved at reward 1 (below is partial credit); a game of more players is
     won when the player's reward is above every other player's (a draw is not a success)."""
@@ -181,20 +235,22 @@ def textarena_success(rewards: dict[int, float], player: int) -> bool:
 
 
 def make_textarena(env_id: str | None = None, *, opponent: str | Callable | None = None,
-                   player: int | str = 0, num_players: int | None = None, **kwargs: Any) -> TextArenaEnv:
-    """A TextArena game (env.options.env_id, plus the game's kwargs; two or more players: opponent; reinforge[textarena])."""
+                   player: int | str = 0, num_players: int | None = None, **kwargs: Any) -> TextArenaEnv | TextArenaMatch:
+    """A TextArena game (env.options.env_id, plus the game's kwargs; two or more players: opponent,
+    a 'module:function' policy, 'self_play' or 'frozen'; reinforge[textarena])."""
     if not env_id or not isinstance(env_id, str):
         raise TypeError("env.options.env_id is required: a TextArena game id, e.g. 'GuessTheNumber-v0' or "
                         "'TicTacToe-v0' (one id: a list would be drawn from outside the episode's seed)")
-    if isinstance(opponent, str) and opponent.strip().lower() in _REFUSED:
-        raise TypeError(f"opponent={opponent!r} is not supported: a frozen copy of the model or self-play as the "
-                        "opponent would decode outside the agent loop's batched generation (docs/agents.md, "
-                        "TextArena); give a fixed policy as 'module:function' (opponent(observation) -> action)")
+    if isinstance(opponent, str) and opponent.strip().lower() in _MISSPELT:
+        raise TypeError(f"opponent={opponent!r}: the model as its own opponent is 'self_play' (every seat trains) "
+                        "or 'frozen' (a frozen copy of the starting model); a fixed policy is 'module:function'")
     textarena, registry = _textarena()
     if env_id not in registry:
         near = difflib.get_close_matches(env_id, list(registry), n=5, cutoff=0.5)
         raise TypeError(f"env_id={env_id!r} is not a TextArena game" + (f"; did you mean {', '.join(near)}?" if near
                                                                         else " (textarena.envs.registration.ENV_REGISTRY)"))
+    if opponent in SEAT_MODES:
+        return _make_match(textarena, env_id, opponent, player, num_players, kwargs)
     policy = (_opponent(opponent) if isinstance(opponent, str) else opponent) if opponent is not None else None
     if policy is not None and not callable(policy):
         raise TypeError(f"opponent must be 'module:function' or a callable, got {type(opponent).__name__}")
@@ -214,6 +270,23 @@ def make_textarena(env_id: str | None = None, *, opponent: str | Callable | None
         raise TypeError(f"TextArena game {env_id!r} does not take these options: {err}") from None
     env.reset(seed=0)  # a wrong player count, or a game needing an opponent, fails here: before any model loads
     return env
+
+
+def _make_match(textarena, env_id: str, mode: str, player, num_players, kwargs: dict) -> TextArenaMatch:
+    n = int(num_players) if num_players is not None else 2
+    if n < 2:
+        raise TypeError(f"num_players={num_players!r} with opponent={mode}: at least 2")
+    if mode == "self_play" and player != 0:
+        raise TypeError(f"player={player!r} with opponent=self_play: the model plays every seat (leave player out)")
+    if mode == "frozen" and not (isinstance(player, int) and 0 <= player < n):
+        raise TypeError(f"player={player!r} with opponent=frozen: the model's seat, an integer from 0 to {n - 1}")
+    seats = tuple("policy" if mode == "self_play" or k == player else "frozen" for k in range(n))
+    try:
+        match = TextArenaMatch(functools.partial(textarena.make, env_id, **kwargs), env_id, seats=seats)
+        match.reset(seed=0)  # a wrong player count or option fails here: before any model loads
+    except TypeError as err:
+        raise TypeError(f"TextArena game {env_id!r} does not take these options: {err}") from None
+    return match
 
 
 # -- baselines -------------------------------------------------------------------------------------
@@ -267,6 +340,6 @@ def _hint_pairs(observation: str) -> list[tuple[str, str]]:
 
 
 register_text_env("textarena", make_textarena,
-                  doc="a TextArena game (env.options.env_id, plus its kwargs; opponent for two or more players; "
-                      "reinforge[textarena])",
+                  doc="a TextArena game (env.options.env_id, plus its kwargs; opponent for two or more players: "
+                      "'module:function', self_play or frozen; reinforge[textarena])",
                   observation="replace", baselines={"random": random_policy, "bisect": bisect_policy})
