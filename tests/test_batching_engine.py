@@ -59,10 +59,11 @@ def test_batched_greedy_answers_are_the_one_at_a_time_answers_with_shared_decode
     for r, (ids, lps) in zip(reqs, serial):
         assert r.tokens == ids
         assert torch.allclose(torch.tensor(r.logprobs), lps, atol=1e-5)
-    # One prefill per prompt, then one forward per step for every row together: the longest
-    # answer's steps, where one at a time would take one per token of every answer.
-    assert engine.decode_steps == max(lengths) - 1
-    assert used == engine.forward_calls == len(prompts) + max(lengths) - 1
+    # One prefill forward for the prompts that arrived together, then one forward per step for
+    # every row together: the longest answer's steps, where one at a time would take one per token
+    # of every answer.
+    assert engine.decode_steps == max(lengths) - 1 and engine.prefill_calls == 1
+    assert used == engine.forward_calls == 1 + max(lengths) - 1
     assert used < sum(lengths)
 
 
@@ -91,9 +92,11 @@ def test_a_request_arriving_mid_decode_joins_the_running_batch(parts):
         out = ref.generate([prompt], params)
         assert r.tokens == out.completion_ids[0].tolist()
         assert torch.allclose(torch.tensor(r.logprobs), out.sampler_logprobs[0], atol=1e-5)
-    # B's 10 tokens were decoded in A's steps: no step of its own.
+    # B's 10 tokens were decoded in A's steps: no step of its own (its first from its prefill, the
+    # other 9 in A's steps 4-12; on_step sees it running after 8 of them, it leaves in the 9th).
     assert len(ra.tokens) == 16 and len(rb.tokens) == 10
-    assert engine.decode_steps == 15 and max(rows) == 2 and rows.count(2) >= 9
+    assert engine.decode_steps == 15 and max(rows) == 2 and rows.count(2) >= 8
+    assert engine.rows_decoded == 16 + 10
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(parts):
