@@ -128,11 +128,8 @@ def tiny_model_dir(tmp_path, tiny_tokenizer):
     return path
 
 
-def eos_biased_model(tok, bias: float = 2.5, seed: int = 0):
-    """A tiny random model whose stop token is likelier (turns of a few tokens, as a chat model's)."""
-    model = make_model(tok, seed=seed)
-    eos = tok.eos_token_id
-
+def add_stop_bias(model, eos: int, bias: float):
+    """Add ``bias`` to the stop token's logit (a forward hook on the head): turns of a few tokens."""
     def hook(_m, _i, out):
         out = out.clone()
         out[..., eos] += bias
@@ -140,3 +137,14 @@ def eos_biased_model(tok, bias: float = 2.5, seed: int = 0):
 
     model.lm_head.register_forward_hook(hook)
     return model
+
+
+def eos_biased_model(tok, bias: float = 2.5, seed: int = 0):
+    """A tiny random model whose stop token is likelier (turns of a few tokens, as a chat model's)."""
+    return add_stop_bias(make_model(tok, seed=seed), tok.eos_token_id, bias)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (the autouse fixture above restores the count afterwards)."""
+    torch.set_num_threads(1)

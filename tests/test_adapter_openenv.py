@@ -66,12 +66,7 @@ def adapter(_no_web_ui):
     return oe_adapter
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _ex(seed: int, i: int = 0):

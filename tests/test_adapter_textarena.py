@@ -27,12 +27,7 @@ SPEC = TEXT_ENVS["textarena"]
 GUESS = {"env_id": "GuessTheNumber-v0", "max_number": 8}  # 1..8 within 10 turns: bisect needs at most 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _ex(seed: int) -> Example:

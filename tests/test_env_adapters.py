@@ -25,12 +25,7 @@ from conftest import make_model, make_tokenizer, save_tiny_model
 from tiny_run import bias_stop_token
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _rng_state():

@@ -29,12 +29,7 @@ from conftest import make_model, make_tokenizer, save_tiny_model  # noqa: E402
 TTT = {"env_id": "TicTacToe-v0"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def scripted(model):

@@ -153,19 +153,12 @@ def bias_stop_token(monkeypatch, bias: float) -> None:
     token's logit (a forward hook on the head), so that its turns end and an environment is
     stepped: an untrained tiny model otherwise writes to the token cap every turn."""
     import reinforge.learner.build as build_mod  # where the trainer loads its policy
+    from conftest import add_stop_bias
 
     real = build_mod.load_model
 
     def load(*a, **k):
         model = real(*a, **k)
-        eos = model.generation_config.eos_token_id
-
-        def hook(_m, _i, out):
-            out = out.clone()
-            out[..., eos] += bias
-            return out
-
-        model.lm_head.register_forward_hook(hook)
-        return model
+        return add_stop_bias(model, model.generation_config.eos_token_id, bias)
 
     monkeypatch.setattr(build_mod, "load_model", load)
