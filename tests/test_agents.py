@@ -330,15 +330,31 @@ class RaisingEnv(EchoEnv):
         raise RuntimeError("env bug")
 
 
-def test_a_raising_environment_ends_its_trajectory_not_the_batch():
+class BadRewardEnv(EchoEnv):
+    def __init__(self, reward):
+        super().__init__(turns=2)
+        self.bad = reward
+
+    def step(self, message):
+        observations, _, done, info = super().step(message)
+        return observations, self.bad, done, info
+
+
+@pytest.mark.parametrize("bad_env, says", [
+    (RaisingEnv, "env bug"),
+    (lambda: BadRewardEnv(float("nan")), "reward nan; it must be a finite number"),
+    (lambda: BadRewardEnv(float("-inf")), "reward -inf; it must be a finite number"),
+    (lambda: BadRewardEnv(None), "reward None (NoneType); it must be a number"),
+])
+def test_a_raising_environment_ends_its_trajectory_not_the_batch(bad_env, says):
     tok = make_tokenizer()
     model = eos_biased_model(tok, bias=4.0)
-    envs = iter([RaisingEnv(), EchoEnv(turns=2)] * 4)
+    envs = iter([bad_env(), EchoEnv(turns=2)] * 4)
     agent = _agent(model, tok, lambda: next(envs))
     torch.manual_seed(0)
     eps = agent.generate_examples(_examples(2), SamplingParams(num_samples=2)).episodes
     bad, good = eps[0::2], eps[1::2]
-    assert all(e.truncation == "env_error" and "env bug" in e.env_error for e in bad)
+    assert all(e.truncation == "env_error" and says in e.env_error for e in bad), [e.env_error for e in bad]
     assert all(e.env_error is None for e in good)
     assert agent_metrics(eps)["agent/env_errors"] == 2
 

@@ -12,6 +12,7 @@ a batch's trajectories run concurrently; an instance is never stepped by two thr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -112,8 +113,11 @@ class ToolEnv:
 
 
 def as_step_result(value) -> StepResult:
-    """An env's ``step`` return value as a StepResult (a 4-tuple is accepted)."""
+    """An env's ``step`` return value as a StepResult (a 4-tuple is accepted). A reward that is
+    not a finite number is refused: the caller counts it as this episode's environment error
+    rather than letting a NaN or inf reach the advantages of the whole group."""
     if isinstance(value, StepResult):
+        _reward(value.reward)
         return value
     try:
         observations, reward, done, info = value
@@ -121,4 +125,15 @@ def as_step_result(value) -> StepResult:
         raise TypeError(
             f"Env.step must return a StepResult or (observations, reward, done, info); got {type(value).__name__}"
         ) from None
-    return StepResult(list(observations or []), float(reward), bool(done), dict(info or {}))
+    return StepResult(list(observations or []), _reward(reward), bool(done), dict(info or {}))
+
+
+def _reward(reward) -> float:
+    try:
+        r = float(reward)
+    except (TypeError, ValueError):
+        raise TypeError(f"Env.step returned the reward {reward!r} ({type(reward).__name__}); it must be a "
+                        "number") from None
+    if not math.isfinite(r):
+        raise ValueError(f"Env.step returned the reward {r!r}; it must be a finite number")
+    return r
