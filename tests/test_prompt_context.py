@@ -110,10 +110,22 @@ def test_left_truncation_cuts_the_start_and_counts_what_was_cut(tmp_path, caplog
             "tokens each") in caplog.text
 
 
-def test_a_multi_turn_run_is_not_checked(tmp_path):
-    tok, cfg = make_tokenizer(), build_config({}, ["rollout.max_new_tokens=16", "env={name: calculator}"])
-    fit = fit_prompts(cfg, _model_dir(tmp_path, max_position_embeddings=8), tok, {"training": [_ex(0, "z" * 50)]}, {})
-    assert fit.context is None and fit.longest_train == len(encode_prompt(tok, _ex(0, "z" * 50)))
+def test_a_multi_turn_run_is_checked_with_its_trajectory_budget_and_never_cut(tmp_path):
+    tok = make_tokenizer()
+    n = len(encode_prompt(tok, _ex(0, "z" * 50)))
+    model = _model_dir(tmp_path, max_position_embeddings=n + 100)
+    # rollout.max_new_tokens does not count (the turns are budgeted by env.*), env.max_tokens does
+    cfg = build_config({}, ["rollout.max_new_tokens=500", "env={name: calculator, max_tokens: 100}"])
+    cache: dict = {}
+    fit = fit_prompts(cfg, model, tok, {"training": [_ex(0, "z" * 50)]}, cache)
+    assert fit.longest_train == n and fit.context == n + 100 and cache == {}
+    cfg = build_config({}, ["env={name: calculator, max_tokens: 101}"])
+    with pytest.raises(ConfigError) as err:
+        fit_prompts(cfg, model, tok, {"training": [_ex(0, "z" * 50)], "held-out": [_ex(1, "y")]}, {})
+    msg = str(err.value)
+    assert (f"training example 't/train/0' opens with {n} tokens" in msg and "env.max_tokens=101 more may follow" in msg
+            and f"{n + 101} in all, beyond the model's context of {n + 100} tokens" in msg
+            and "lower env.max_tokens to 100 or less" in msg), msg
 
 
 # ----------------------------------------------------------------------------- the real command line
@@ -155,3 +167,39 @@ def test_the_cli_cuts_the_prompt_when_asked_and_says_how_much(inputs):
             and f"{tokens - (512 - 6)} tokens in all, to at most {512 - 6} tokens each" in proc.stderr), proc.stderr
     status = json.loads((inputs / "runs" / "cut" / "status.json").read_text())
     assert status["state"] == "finished"
+
+
+def _eval(inputs, tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    """`reinforge eval` of the tiny model on a held-out file of two short prompts and the long one."""
+    rows = (inputs / "task.jsonl").read_text().splitlines()
+    (tmp_path / "held.jsonl").write_text("\n".join([rows[0], rows[1], rows[LONG_ROW]]) + "\n")
+    over = [o for o in tiny_run_overrides(inputs, None) if o.startswith(("model.", "task.", "reward."))]
+    return cli_in_process("eval", str(inputs / "model"), "--samples", "1", "--resamples", "100",
+                          "--output-dir", str(tmp_path), "--name", "ev", *over,
+                          f"task.eval_path={tmp_path / 'held.jsonl'}", "task.eval_size=3", *extra)
+
+
+def test_eval_refuses_a_prompt_beyond_the_context_naming_its_own_flag(inputs, tmp_path):
+    proc = _eval(inputs, tmp_path, "--max-new-tokens", "8")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("reinforge:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(r"prompt too long for the model: held-out example '[^']+' has \d+ tokens .* "
+                     r"\+ --max-new-tokens=8 = \d+, beyond the model's context of 512 tokens", lines[0]), lines[0]
+    assert not (tmp_path / "ev").exists()  # refused before the model loaded: no empty eval directory
+    proc = _eval(inputs, tmp_path, "--max-new-tokens", "600")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "--max-new-tokens=600 leaves no room for a prompt" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_eval_cuts_the_prompt_when_asked_and_evaluates_every_prompt(inputs, tmp_path):
+    proc = _eval(inputs, tmp_path, "--max-new-tokens", "4", "task.truncate_prompts=left")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("task.truncate_prompts=left: cut the start of 1 of 3 prompts (1 held-out)" in proc.stderr
+            and "so that --max-new-tokens=4 fits" in proc.stderr), proc.stderr[-3000:]
+    from reinforge.tracking import RunDir
+    from reinforge.tracking.sampled_evals import read_sampled_eval, sampled_eval_labels
+
+    rd = RunDir.open(tmp_path / "ev")
+    (label,) = sampled_eval_labels(rd)
+    assert read_sampled_eval(rd, label)[0]["n_prompts"] == 3

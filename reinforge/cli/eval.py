@@ -130,7 +130,8 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
     import torch
 
     from ..evaluation.report import passk_csv, passk_markdown, plot_passk
-    from ..evaluation.runner import attach_verdict, build_eval_setup, load_policy, sampled_eval
+    from ..evaluation.runner import attach_verdict, build_eval_setup, load_policy, policy_tokenizer, sampled_eval
+    from ..rollout.context import fit_prompts
     from ..tracking import atomic_write_bytes, atomic_write_text
     from ..tracking.sampled_evals import read_sampled_eval, sampled_eval_dir, sampled_eval_labels, write_sampled_eval
     from ..models import compute_dtype, resolve_precision
@@ -156,14 +157,22 @@ def _run_sampled_eval(cfg, source, rd, params: dict, args: argparse.Namespace, *
             return summary, rows, sampled_eval_dir(rd, label)
     print(f"evaluating {source.describe()}: {len(setup.examples)} prompts x {params['samples']} samples",
           file=sys.stderr)
-    model, tokenizer = load_policy(policy_cfg or cfg, source)
+    tokenizer, model_path = policy_tokenizer(source)
+    # Every prompt plus --max-new-tokens must fit the model's context, as in training: refused in one
+    # line naming the longest prompt (or cut when task.truncate_prompts=left) before the weights load.
+    prompt_ids: dict[str, list[int]] = {}
+    rollout = cfg.rollout.model_copy(update={"max_new_tokens": params["max_new_tokens"]})
+    fit_cfg = cfg.model_copy(update={"rollout": rollout})
+    fit_prompts(fit_cfg, model_path, tokenizer, {"held-out": setup.examples}, prompt_ids,
+                budget_name="--max-new-tokens")
+    model, tokenizer = load_policy(policy_cfg or cfg, source, tokenizer)
     summary, rows = sampled_eval(
         setup, model, tokenizer, samples=params["samples"], temperature=params["temperature"],
         top_p=params["top_p"], max_new_tokens=params["max_new_tokens"], seed=params["seed"],
         generation_batch_size=cfg.rollout.generation_batch_size,
         autocast_dtype=compute_dtype(cfg.model),
         copy_dtype=torch.bfloat16 if cfg.rollout.resolved_hf_bf16_copy(cfg.model.dtype) else None,
-        n_resamples=args.resamples,
+        n_resamples=args.resamples, prompt_ids=prompt_ids,
     )
     summary = {"label": label, "model": source.to_dict(), **params, **summary,
                "task": cfg.task.model_dump(mode="json"), "reward": cfg.reward.model_dump(mode="json"),

@@ -206,19 +206,29 @@ def _has_tokenizer(folder: Path) -> bool:
     return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
 
 
-def load_policy(config: "RunConfig", source: ModelSource):
-    """(model, tokenizer) for ``source``, in eval mode. A LoRA run's final model is its base with
-    the saved adapters; a checkpoint is the base model (with LoRA when the run used it) with the
-    checkpoint's trainable weights copied in by name."""
-    from reinforge.models import load_model, load_tokenizer, resolve_model_path
+def policy_tokenizer(source: ModelSource):
+    """(tokenizer, base model path) for ``source``: cheap, so that a folder without a tokenizer, or a
+    prompt too long for the model, fails in one line before any weights load."""
+    from reinforge.models import load_tokenizer, resolve_model_path
 
-    cfg_model = config.model.model_copy(update={"gradient_checkpointing": False})
     base_path = resolve_model_path(source.model_path)
-    # The tokenizer first: a folder without one fails in one line before any weights load.
     tok_path = base_path
     if source.kind == "final" and _has_tokenizer(source.run.final_model_dir):
         tok_path = source.run.final_model_dir
-    tokenizer = load_tokenizer(tok_path)
+    return load_tokenizer(tok_path), base_path
+
+
+def load_policy(config: "RunConfig", source: ModelSource, tokenizer=None):
+    """(model, tokenizer) for ``source``, in eval mode (``tokenizer``: one :func:`policy_tokenizer`
+    already loaded). A LoRA run's final model is its base with the saved adapters; a checkpoint is
+    the base model (with LoRA when the run used it) with the checkpoint's trainable weights copied
+    in by name."""
+    from reinforge.models import load_model, resolve_model_path
+
+    cfg_model = config.model.model_copy(update={"gradient_checkpointing": False})
+    base_path = resolve_model_path(source.model_path)
+    if tokenizer is None:
+        tokenizer, _ = policy_tokenizer(source)
     if source.kind == "base":
         model = load_model(cfg_model.model_copy(update={"lora": None}), path=base_path)
     elif source.kind == "final":
@@ -283,6 +293,11 @@ def build_eval_setup(config: "RunConfig", *, max_prompts: int | None = None) -> 
                      agent_config=config if config.env else None)
 
 
+def _cached_prompt(cache: dict[str, list[int]], encode, example) -> list[int]:
+    ids = cache.get(example.id)
+    return list(ids) if ids is not None else encode(example)
+
+
 def sampled_eval(
     setup: EvalSetup,
     model,
@@ -297,12 +312,16 @@ def sampled_eval(
     autocast_dtype: torch.dtype | None = None,
     copy_dtype: torch.dtype | None = None,
     n_resamples: int = 10_000,
+    prompt_ids: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, Any], list[dict]]:
     """N = ``samples`` completions per held-out prompt, scored; pass@k and maj@k for k = 1..N.
 
     Sampling is seeded (``torch.manual_seed(seed)`` before generating), so the same model, prompts
     and seed give the same completions. Returns (summary, per-prompt rows); the rows hold every
-    completion with its extracted answer, correctness and reward.
+    completion with its extracted answer, correctness and reward. ``prompt_ids``: example id ->
+    prompt token ids already encoded (and checked against the model's context, or cut by
+    ``task.truncate_prompts=left``) by ``rollout.context.fit_prompts``; unlisted prompts are
+    encoded here.
     """
     from reinforge.rewards import extract_answer
     from reinforge.rollout import HFGenerator, SamplingParams
@@ -326,6 +345,8 @@ def sampled_eval(
     params = SamplingParams(num_samples=samples, temperature=temperature if temperature > 0 else 1.0,
                             top_p=top_p, max_new_tokens=max_new_tokens, greedy=temperature == 0)
     encode = functools.partial(encode_prompt, tokenizer)
+    if prompt_ids:
+        encode = functools.partial(_cached_prompt, prompt_ids, encode)
     rollout, scores = generate_and_score(generator, reward_fn, setup.examples, encode, params)
     episodes = getattr(rollout, "episodes", None)
     outcomes = scores.outcomes

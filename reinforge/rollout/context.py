@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError
-from ..tasks import Example, encode_prompt
+from ..tasks import Example
 from ..tasks.prompts import encode_prompts
 
 __all__ = ["PromptFit", "fit_prompts", "model_context"]
@@ -68,21 +68,21 @@ class PromptFit:
 
 
 def fit_prompts(cfg, model_path: str | Path, tokenizer, splits: Mapping[str, Sequence[Example]],
-                cache: dict[str, list[int]]) -> PromptFit:
+                cache: dict[str, list[int]], *, budget_name: str = "rollout.max_new_tokens") -> PromptFit:
     """Encode every prompt of ``splits`` (``{"training": [...], "held-out": [...]}``) into
     ``cache`` (example id -> token ids, the ids generation uses) and check each plus
     ``cfg.rollout.max_new_tokens`` against the model's context (``rollout.vllm_max_model_len`` when
     the vLLM backend is given a smaller one). A prompt that does not fit raises a one-line
     ConfigError naming the longest one and the numbers, unless ``cfg.task.truncate_prompts`` is
     ``left``: then such prompts lose their first tokens in the cache, and the cut is logged.
-    Multi-turn runs (``env``) are not checked."""
-    if cfg.env is not None:
-        # A multi-turn environment builds its own conversation (agents/), within env.max_tokens;
-        # only the memory guard's estimate is made here, from the first training prompts.
-        head = list(splits.get("training", ()))[:64]
-        return PromptFit(longest_train=max((len(encode_prompt(tokenizer, e)) for e in head), default=1),
-                         context=None)
+    A multi-turn run (``env``) is checked with ``env.max_tokens`` (every token after the opening
+    prompt: the model's turns and the observations) in place of ``rollout.max_new_tokens``, on the
+    prompts as the task gives them, and is never cut: the environment may open with other
+    messages, and its conversation grows turn by turn. ``budget_name``: what the messages call the
+    completion budget (``reinforge eval`` passes its ``--max-new-tokens``)."""
     context, source = model_context(model_path, tokenizer)
+    if cfg.env is not None:
+        return _fit_env(cfg.env.max_tokens, context, source, tokenizer, splits)
     rollout = cfg.rollout
     if rollout.backend == "vllm" and rollout.vllm_max_model_len and (context is None or rollout.vllm_max_model_len < context):
         context, source = rollout.vllm_max_model_len, "rollout.vllm_max_model_len"
@@ -99,19 +99,19 @@ def fit_prompts(cfg, model_path: str | Path, tokenizer, splits: Mapping[str, Seq
     n, split, worst = max(lengths, key=lambda t: t[0])
     where = f"the model's context of {context} tokens ({source})"
     if new >= context:
-        fix = (f"lower rollout.max_new_tokens to at most {context - n}" if n < context else
-               "lower rollout.max_new_tokens, and shorten the prompts or set task.truncate_prompts=left")
-        raise ConfigError(f"rollout.max_new_tokens={new} leaves no room for a prompt in {where}: {fix} (the "
+        fix = (f"lower {budget_name} to at most {context - n}" if n < context else
+               f"lower {budget_name}, and shorten the prompts or set task.truncate_prompts=left")
+        raise ConfigError(f"{budget_name}={new} leaves no room for a prompt in {where}: {fix} (the "
                           f"longest prompt, {split} example {worst.id!r}, has {n} tokens)")
     room = context - new
     over = [(k, s, e) for k, s, e in lengths if k > room]
     if not over:
         return fit
     if cfg.task.truncate_prompts == "off":
-        lower = f"lower rollout.max_new_tokens to {context - n} or less, " if context - n > 0 else ""
+        lower = f"lower {budget_name} to {context - n} or less, " if context - n > 0 else ""
         raise ConfigError(
             f"prompt too long for the model: {split} example {worst.id!r} has {n} tokens (chat template, system "
-            f"prompt and few-shot turns included) + rollout.max_new_tokens={new} = {n + new}, beyond {where}; "
+            f"prompt and few-shot turns included) + {budget_name}={new} = {n + new}, beyond {where}; "
             f"{len(over)} of {len(lengths)} prompts do not fit. Shorten the prompts, {lower}or set "
             f"task.truncate_prompts=left to cut the start of those that do not fit"
         )
@@ -121,6 +121,28 @@ def fit_prompts(cfg, model_path: str | Path, tokenizer, splits: Mapping[str, Seq
     fit.longest_train = max((min(k, room) for k, s, _ in lengths if s == "training"), default=1)
     per_split = ", ".join(f"{sum(s == name for _, s, _ in over)} {name}" for name in splits)
     log.warning("task.truncate_prompts=left: cut the start of %d of %d prompts (%s), %d tokens in all, to at most "
-                "%d tokens each so that rollout.max_new_tokens=%d fits %s; the longest was %s example %r (%d tokens)",
-                fit.cut_prompts, len(lengths), per_split, fit.cut_tokens, room, new, where, split, worst.id, n)
+                "%d tokens each so that %s=%d fits %s; the longest was %s example %r (%d tokens)",
+                fit.cut_prompts, len(lengths), per_split, fit.cut_tokens, room, budget_name, new, where, split,
+                worst.id, n)
+    return fit
+
+
+def _fit_env(budget: int, context: int | None, source: str, tokenizer,
+             splits: Mapping[str, Sequence[Example]]) -> PromptFit:
+    """A multi-turn run's opening prompts plus ``env.max_tokens`` against the context (nothing is
+    cached: the agent loop renders its own conversation); the memory guard reads the longest."""
+    lengths = [(len(ids), split, e) for split, examples in splits.items()
+               for e, ids in zip(examples, encode_prompts(tokenizer, list(examples)))]
+    fit = PromptFit(longest_train=max((n for n, s, _ in lengths if s == "training"), default=1), context=context,
+                    prompts=len(lengths))
+    if context is None or not lengths:
+        return fit
+    n, split, worst = max(lengths, key=lambda t: t[0])
+    if n + budget > context:
+        lower = f"lower env.max_tokens to {context - n} or less" if context - n > 0 else "shorten the prompts"
+        raise ConfigError(
+            f"a multi-turn trajectory may not fit the model: {split} example {worst.id!r} opens with {n} tokens "
+            f"(chat template, system prompt and few-shot turns included), and env.max_tokens={budget} more may follow "
+            f"(turns and observations), {n + budget} in all, beyond the model's context of {context} tokens "
+            f"({source}); {lower}")
     return fit

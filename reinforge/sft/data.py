@@ -188,15 +188,23 @@ def tokenize_demo(tokenizer, demo: Demo, stop_id: int) -> TokenizedDemo:
     return TokenizedDemo(demo.id, prompt_ids, response_ids + [stop_id])
 
 
-def tokenize_demos(tokenizer, demos: Sequence[Demo], stop_id: int, *, max_tokens: int) -> list[TokenizedDemo]:
-    """Every demonstration's tokens; those over ``max_tokens`` are left out (and counted)."""
+def tokenize_demos(tokenizer, demos: Sequence[Demo], stop_id: int, *, max_tokens: int,
+                   context: tuple[int, str] | None = None) -> list[TokenizedDemo]:
+    """Every demonstration's tokens; those over ``max_tokens`` (``sft.max_tokens``), or over the
+    model's ``context`` = (tokens, where that number comes from) when it is smaller, are left out
+    and counted: past its positions a rotary model trains silently on positions it never saw."""
+    limit, name, fix = max_tokens, f"sft.max_tokens={max_tokens} tokens", "raise sft.max_tokens"
+    if context is not None and context[0] < max_tokens:
+        limit, name = context[0], f"the model's context of {context[0]} tokens ({context[1]})"
+        fix = "shorten the demonstrations or use a model with a longer context"
     out = [tokenize_demo(tokenizer, d, stop_id) for d in demos]
-    kept = [t for t in out if len(t) <= max_tokens]
+    kept = [t for t in out if len(t) <= limit]
     if len(kept) < len(out):
-        log.warning("%d of %d demonstrations are longer than sft.max_tokens=%d tokens and are left out",
-                    len(out) - len(kept), len(out), max_tokens)
+        longest = max(out, key=len)
+        log.warning("%d of %d demonstrations are longer than %s and are left out (the longest, %r, has %d)",
+                    len(out) - len(kept), len(out), name, longest.id, len(longest))
     if not kept:
-        raise DemoError(f"no demonstration fits in sft.max_tokens={max_tokens} tokens; raise sft.max_tokens")
+        raise DemoError(f"no demonstration fits in {name}; {fix}")
     return kept
 
 
