@@ -476,7 +476,7 @@ def test_a_run_with_an_implicit_prm_resumes_exactly(tmp_path, tiny_model_dir):
     # a checkpoint without the implicit PRM's state (written before it was saved) still resumes:
     # the PRM starts from its path, as it used to
     from reinforge.tracking.checkpoints import list_checkpoints
-    from reinforge.tracking.checkpoints import file_digest
+    from reinforge.tracking.checkpoints import file_digest, state_digest
 
     ckpt = list_checkpoints(rd.path)[-1][1]
     opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
@@ -484,6 +484,7 @@ def test_a_run_with_an_implicit_prm_resumes_exactly(tmp_path, tiny_model_dir):
     torch.save(opt, ckpt / "optimizer.pt")
     state = json.loads((ckpt / "state.json").read_text())
     state["files"]["optimizer.pt"] = file_digest(ckpt / "optimizer.pt")
+    state["state_sha256"] = state_digest(state)
     (ckpt / "state.json").write_text(json.dumps(state))
     Trainer(build_config(rd.load_config(), ["trainer.steps=5"]), run_dir=rd, resume=True).run()
     assert [m["step"] for m in rd.read_metrics()] == [1, 2, 3, 4, 5]

@@ -120,7 +120,16 @@ DAMAGE = {
     "4 KiB of weights overwritten": (lambda c: _overwrite_4k(c / "weights.safetensors"),
                                      "weights.safetensors does not match its recorded SHA-256"),
     "state.json deleted": (lambda c: (c / "state.json").unlink(), "its state.json is missing"),
+    # a key removed by hand: found before the model loads, not as a KeyError after it
+    "state.json edited": (lambda c: _drop_key(c / "state.json", "sampler"),
+                          "state.json does not match its recorded SHA-256 (edited after it was written?)"),
 }
+
+
+def _drop_key(path, key: str) -> None:
+    state = json.loads(path.read_text())
+    del state[key]
+    path.write_text(json.dumps(state))
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
@@ -156,7 +165,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_one_before_exactly(root, ca
     assert not list((run / "checkpoints").glob(".tmp*"))
 
 
-@pytest.mark.parametrize("damage", ["truncated optimizer.pt", "state.json deleted"])
+@pytest.mark.parametrize("damage", ["truncated optimizer.pt", "state.json deleted", "state.json edited"])
 def test_other_damage_falls_back_too(root, damage, capsys):
     from reinforge.lifecycle.resume import choose_checkpoint
 
@@ -175,7 +184,7 @@ def test_a_checkpoint_from_before_checksums_still_resumes_with_a_note(root, caps
     run = copy_run(root, "base", "legacy")
     for _, ckpt in list_checkpoints(run):
         state = json.loads((ckpt / "state.json").read_text())
-        del state["files"]
+        del state["files"], state["state_sha256"]  # as written before checksums were recorded
         (ckpt / "state.json").write_text(json.dumps(state))
     assert main(["train", "--resume", str(run), "trainer.steps=4"]) == 0
     assert "step_000003 was written before checksums were recorded" in capsys.readouterr().err
@@ -186,7 +195,7 @@ def test_an_unverifiable_unreadable_file_is_named_and_the_run_marked_failed(root
     run = copy_run(root, "base", "legacy-truncated")
     ckpt = run / "checkpoints" / "step_000003"
     state = json.loads((ckpt / "state.json").read_text())
-    del state["files"]
+    del state["files"], state["state_sha256"]
     (ckpt / "state.json").write_text(json.dumps(state))
     _truncate(ckpt / "optimizer.pt")
     assert main(["train", "--resume", str(run), "trainer.steps=4"]) == 1
@@ -194,6 +203,18 @@ def test_an_unverifiable_unreadable_file_is_named_and_the_run_marked_failed(root
     assert f"{ckpt / 'optimizer.pt'} cannot be read" in line
     status = RunDir.open(run).status()
     assert status["state"] == "failed" and "optimizer.pt cannot be read" in status["reason"]
+
+
+def test_a_directory_in_place_of_a_log_is_named_with_the_fix(root, capsys):
+    run = copy_run(root, "base", "log-dir")
+    (run / "samples.jsonl").unlink()
+    (run / "samples.jsonl").mkdir()
+    assert main(["train", "--resume", str(run), "trainer.steps=4"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert ("samples.jsonl: is a directory, not the JSON-lines log reinforge writes there; move it out of the run "
+            "directory") in line, line
+    assert main(["runs", str(run.parent)]) == 0  # the listing goes on past it
+    capsys.readouterr()
 
 
 def test_a_garbage_line_in_metrics_is_named_with_the_fix(root, capsys):

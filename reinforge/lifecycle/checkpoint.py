@@ -30,6 +30,7 @@ from ..tracking.checkpoints import (
     checkpoint_name,
     file_digest,
     list_checkpoints,
+    state_digest,
 )
 from ..tracking.io import DiskFullError, is_disk_full
 
@@ -86,7 +87,9 @@ def save_checkpoint(
             _torch_save(obj, tmp / f"{name}.pt")
         files = {f.name: file_digest(f) for f in sorted(tmp.iterdir())}
         # state.json last: its presence marks the folder complete (tracking.checkpoints lists it).
-        (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, **trainer_state, "files": files}, indent=1))
+        state = {"step": step, **trainer_state, "files": files}
+        state["state_sha256"] = state_digest(json.loads(json.dumps(state)))  # as a resume reads it back
+        (tmp / COMPLETE_MARKER).write_text(json.dumps(state, indent=1))
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())

@@ -11,7 +11,9 @@ truncated copy, a bad sector, an overwrite) is named before anything loads it, i
 resuming on garbage weights. A ``step_NNNNNN`` folder without ``state.json`` can only come from
 damage (the rename into place happens after ``state.json`` is written): it is not listed, and
 :func:`damaged_checkpoints` reports it. Checkpoints written before checksums were recorded have
-no ``"files"``; they are checked for their files' presence only.
+no ``"files"``; they are checked for their files' presence only. ``state.json`` also records the
+digest of its own content (``"state_sha256"``, :func:`state_digest`): a state edited by hand is
+damage too, found before anything loads rather than as a missing key after the model has loaded.
 """
 
 from __future__ import annotations
@@ -89,6 +91,14 @@ def file_digest(path: str | os.PathLike) -> dict[str, int | str]:
     return {"bytes": size, "sha256": h.hexdigest()}
 
 
+def state_digest(state: dict) -> str:
+    """The SHA-256 of a checkpoint's ``state.json`` content without its own ``"state_sha256"``
+    (keys sorted), recorded in it, so that a hand edit of the state (a removed key, a changed
+    step) is found by :func:`verify_checkpoint` like damage to any other file."""
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 @dataclass
 class CheckpointCheck:
     """What :func:`verify_checkpoint` found: ``problem`` names the damaged file and how (None when
@@ -120,6 +130,9 @@ def verify_checkpoint(path: str | os.PathLike) -> CheckpointCheck:
     m = _NAME.fullmatch(path.name)
     if m and int(m.group(1)) != state["step"]:  # a resume would continue from the wrong step
         return CheckpointCheck(path, f"{COMPLETE_MARKER} says step {state['step']}, not the folder's {int(m.group(1))}")
+    if "state_sha256" in state and state["state_sha256"] != state_digest(state):
+        return CheckpointCheck(path, f"{COMPLETE_MARKER} does not match its recorded SHA-256 (edited after it was "
+                                     "written?)")
     files = state.get("files")
     if not isinstance(files, dict):
         for name in CHECKPOINT_FILES:

@@ -282,7 +282,8 @@ def append_jsonl(path: str | os.PathLike, record: Any) -> None:
 def read_jsonl(path: str | os.PathLike) -> list[Any]:
     """Read a JSON-lines file written by :func:`append_jsonl`.
 
-    A missing file reads as ``[]``; blank lines are skipped. A final line without its newline
+    A missing file reads as ``[]``; a directory in its place raises DamagedRunError; blank lines
+    are skipped. A final line without its newline
     that does not parse is the remains of an interrupted append and is ignored. Any other line
     that does not parse raises ValueError naming the file and line number: that is corruption,
     not a crash mid-append, and should not be silently skipped.
@@ -292,6 +293,9 @@ def read_jsonl(path: str | os.PathLike) -> list[Any]:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
+    except IsADirectoryError:  # e.g. a folder made by hand where the log goes
+        raise DamagedRunError(path, "is a directory, not the JSON-lines log reinforge writes there",
+                              "move it out of the run directory, then run the command again") from None
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline
     records = []

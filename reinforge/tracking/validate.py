@@ -66,8 +66,11 @@ def first_non_object(path: Path) -> tuple[int, str] | None:
     JSON are read_jsonl's to report."""
     try:
         data = path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise DamagedRunError(path, "is a directory, not the JSON-lines log reinforge writes there",
+                              "move it out of the run directory, then resume") from None
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
             continue
