@@ -211,6 +211,58 @@ def test_gem_episodes_replay_from_their_seed_and_leave_the_global_rng_alone(gem_
         TextEnvAdapter(spec, {"env_id": "game:GuessTheNumbr-v0"})
 
 
+def test_gem_hinted_random_guesses_within_the_hints_and_conversations_are_what_the_agent_sees(gem_adapter,
+                                                                                              tmp_path):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from reinforge.agents import build_run_task
+    from reinforge.agents.adapters.base import run_policy
+    from reinforge.sft import demos_from_file
+
+    raw = {"task": {"source": "env", "train_size": 40, "eval_size": 2, "seed": 3,
+                    "few_shot": [{"user": "Guess between 1 and 8 in \\boxed{}.", "assistant": "\\boxed{4}"}]},
+           "env": {"name": "gem", "options": {"env_id": GEM_ID}, "max_turns": 4}}
+    task = build_run_task(build_config(raw))
+    conversations: list = []
+    won = run_policy(task.spec, task.options, task.train_examples(), gem_adapter.hinted_random_policy, max_turns=4,
+                     task=task, conversations=conversations)
+    assert 0.55 <= sum(won) / len(won) <= 0.95  # 0.76 expected; GEM's own random guesses: 0.34
+    for played, ok in zip(conversations, won):
+        messages, opening = played["messages"], played["opening"]
+        # the opening as the agent loop shows it: the few-shot turn, then the game's instructions
+        assert [m["role"] for m in messages[:opening]] == ["user", "assistant", "user"]
+        assert "between 1 and 10" in messages[2]["content"]
+        lo, hi = 1, 10
+        for m in messages[opening:]:
+            if m["role"] == "assistant":
+                g = int(re.fullmatch(r"\\boxed\{(\d+)\}", m["content"])[1])
+                assert lo <= g <= hi  # never a guess the hints have ruled out
+            else:
+                hint = re.search(r"you guessed (\d+), and the target number is (higher|lower)", m["content"])
+                lo, hi = (int(hint[1]) + 1, hi) if hint[2] == "higher" else (lo, int(hint[1]) - 1)
+        turns = sum(m["role"] == "assistant" for m in messages[opening:])
+        assert messages[-1]["role"] == "assistant" and turns <= 4 and (ok or turns == 4)  # a lost game used all 4
+    # scripts/env_policy_demos.py: each turn of the games bisect won, as SFT reads it
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(raw))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "env_policy_demos.py"
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "g.yaml"), "--policy", "bisect", "--n", "10",
+                           "--out", str(tmp_path / "d.jsonl")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "10 of 10 episodes won by bisect" in proc.stdout
+    demos = demos_from_file(tmp_path / "d.jsonl")
+    assert len(demos) >= 10 and all(d.messages[:2] == conversations[0]["messages"][:2] for d in demos)
+    firsts = [d for d in demos if len(d.messages) == 3]  # each game's first turn: bisect's midpoint
+    assert len(firsts) == 10 and all(d.response == "\\boxed{5}" for d in firsts)
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "g.yaml"), "--policy", "oracle", "--out",
+                          str(tmp_path / "x.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "declares no baseline 'oracle'; it has: bisect, hinted_random, random" in bad.stderr
+
+
 class BisectPlayer(TextEnvAdapter):
     """The GEM adapter playing the scripted bisect baseline instead of the tiny model's text, so
     that episodes succeed inside the real agent loop."""
@@ -295,6 +347,47 @@ def _check_run(rd):
         success = r["trajectory"]["success"]
         assert r["correct"] == float(bool(success) and not r["trajectory"]["truncated"])
     return trajectories, last, rows
+
+
+def test_an_sft_stage_on_played_games_is_evaluated_through_the_environment(tmp_path, gem_adapter, short_turns,
+                                                                           monkeypatch):
+    """A warm start for a multi-turn run: SFT on conversations a scripted player won (the file
+    scripts/env_policy_demos.py writes), evaluated by playing the held-out games, then RL."""
+    import reinforge.sft.runner as sft_runner
+    from conftest import add_stop_bias
+
+    from reinforge.agents import build_run_task
+    from reinforge.agents.adapters.base import run_policy
+    from reinforge.config import ConfigError
+
+    real = sft_runner.load_model
+
+    def load(*a, **k):  # the SFT stage's model too: its held-out turns must end for games to be played
+        model = real(*a, **k)
+        return add_stop_bias(model, model.generation_config.eos_token_id, 6.0)
+
+    monkeypatch.setattr(sft_runner, "load_model", load)
+    env = [f"env.options={{env_id: '{GEM_ID}'}}", "env.name=gem", "task.source=env", "task.train_size=8",
+           "task.eval_size=3"]
+    task = build_run_task(build_config({}, env))
+    played: list = []
+    run_policy(task.spec, task.options, task.train_examples()[:4], gem_adapter.bisect_policy, max_turns=4,
+               task=task, conversations=played)
+    rows = [{"messages": p["messages"][: i + 1]} for p in played for i in range(p["opening"], len(p["messages"]))
+            if p["messages"][i]["role"] == "assistant"]
+    (tmp_path / "demos.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sft = (f"sft={{source: file, path: '{tmp_path / 'demos.jsonl'}', apply_prompt_format: false, "
+           "num_examples: null, steps: 2, batch_size: 2, lr: 0.01}")
+    rd = _run(tmp_path, "gem", f"{{env_id: '{GEM_ID}'}}", "env.max_turns=4", sft)
+    stage = type(rd).open(rd.path / "sft")
+    assert stage.status()["state"] == "finished" and rd.status()["state"] == "finished"
+    for step in (0, 2):  # the SFT stage's held-out evaluations played the games
+        details = stage.read_eval_details(step)
+        assert len(details) == 3 and all(r["trajectory"]["turns"] for r in details)
+    assert "baselines" in stage.read_evals()[-1]["guardrails"]
+    with pytest.raises(ConfigError, match="sft.source=task with env.name=gem: an environment's examples have no "
+                                          "reference answers.*scripts/env_policy_demos.py"):
+        build_config({}, env + ["sft={source: task}"])
 
 
 def test_gem_guess_the_number_trains_and_reports_its_baselines(tmp_path, gem_adapter, short_turns):

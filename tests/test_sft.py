@@ -5,12 +5,11 @@ models, real reasoning-gym tasks and verifiers."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import forward_logprobs, make_model, make_tokenizer, save_tiny_model
+from conftest import make_model, make_tokenizer, save_tiny_model
 from safetensors.torch import load_file
 from tiny_run import run_metrics
 
@@ -23,6 +22,7 @@ from reinforge.sft import (
     Demo, DemoError, SFTRunner, batch_positions, collate, demos_from_file, demos_from_task, select_accepted,
     tokenize_demo,
 )
+from reinforge.sft.data import tokenize_demos
 from reinforge.sft.runner import sft_learner_config
 from reinforge.tasks import PromptFormat, ReasoningGymTask
 from reinforge.tracking import RunDir
@@ -140,6 +140,41 @@ def test_file_rows_and_chat_messages_tokenize_to_prompt_then_response_and_stop(t
     rendered = tok.apply_chat_template(demos[1].messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert t.prompt_ids == list(rendered)
     assert t.response_ids == _ids(tok, "<answer>6</answer>") + [eos]
+
+
+def test_demonstrations_beyond_the_models_context_are_left_out_and_named(caplog):
+    tok = make_tokenizer()
+    eos = tok.eos_token_id
+    demos = [Demo("short", [{"role": "user", "content": "2+2?"}], "<answer>4</answer>"),
+             Demo("long", [{"role": "user", "content": "count: " + "7 " * 300}], "<answer>300</answer>")]
+    n_long = len(tokenize_demo(tok, demos[1], eos))
+    assert n_long > 300
+    with caplog.at_level("WARNING", logger="reinforge"):
+        kept = tokenize_demos(tok, demos, eos, max_tokens=1024, context=(300, "max_position_embeddings in m"))
+    assert [d.id for d in kept] == ["short"]
+    assert (f"1 of 2 demonstrations are longer than the model's context of 300 tokens (max_position_embeddings "
+            f"in m) and are left out (the longest, 'long', has {n_long})") in caplog.text
+    # sft.max_tokens below the context is the limit, and is named
+    assert [d.id for d in tokenize_demos(tok, demos, eos, max_tokens=2048, context=(4096, "c"))] == ["short", "long"]
+    with pytest.raises(DemoError, match="no demonstration fits in the model's context of 5 tokens .*shorten"):
+        tokenize_demos(tok, demos, eos, max_tokens=1024, context=(5, "c"))
+    with pytest.raises(DemoError, match=r"no demonstration fits in sft.max_tokens=5 tokens; raise sft.max_tokens"):
+        tokenize_demos(tok, demos, eos, max_tokens=5, context=(512, "c"))
+
+
+def test_a_held_out_prompt_beyond_the_context_fails_sft_before_the_model_loads(tmp_path, capsys):
+    save_tiny_model(tmp_path / "model", hidden=32, layers=1)  # 512 positions
+    demos = _write(tmp_path / "d.jsonl", [{"prompt": "p", "response": "r"}])
+    rows = [{"prompt": f"say {i}", "answer": str(i)} for i in range(8)]
+    task = _write(tmp_path / "task.jsonl", rows)
+    held = _write(tmp_path / "held.jsonl", rows[:2] + [{"prompt": "count: " + "7 " * 400, "answer": "7"}])
+    rc = main(["sft", "sft.source=file", f"sft.path={demos}", f"model.path={tmp_path / 'model'}", "task.source=file",
+               f"task.path={task}", f"task.eval_path={held}", "task.eval_size=3",
+               f"tracking.output_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "prompt too long for the model: held-out example" in err, err[-3000:]
+    assert "beyond the model's context of 512 tokens" in err and "task.truncate_prompts=left" in err
+    assert not (tmp_path / "runs").exists()
 
 
 # ----------------------------------------------------------------------------- the loss

@@ -190,6 +190,21 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _sft_with_an_environment(self) -> "RunConfig":
+        """An SFT stage of a multi-turn run trains on a file of whole conversations (each row's
+        last message the assistant's turn, e.g. written by scripts/env_policy_demos.py) and is
+        evaluated through the environment; demonstrations from a task's answers, or sampled
+        single-turn by expert iteration, do not exist for an environment."""
+        if self.sft is None or self.env is None or self.sft.source == "file":
+            return self
+        raise ValueError(
+            f"sft.source={self.sft.source} with env.name={self.env.name}: "
+            + ("an environment's examples have no reference answers to make demonstrations from"
+               if self.sft.source == "task" else "expert iteration samples single-turn completions, not episodes")
+            + "; use sft.source=file with conversations played in the environment "
+            "(python scripts/env_policy_demos.py CONFIG --policy NAME --out FILE; docs/agents.md)")
+
+    @model_validator(mode="after")
     def _truncation_single_turn(self) -> "RunConfig":
         if self.task.truncate_prompts != "off" and self.env is not None:
             raise ValueError(

@@ -41,7 +41,9 @@ from ..learner import Learner
 from ..models import compute_dtype, load_model, load_tokenizer, resolve_device, resolve_model_path, resolve_precision
 from ..rewards import build_reward
 from ..rollout import SamplingParams, build_generator
-from ..tasks import build_task, encode_prompt
+from ..rollout.context import fit_prompts, model_context
+from ..agents import build_agent, build_run_task
+from ..tasks import encode_prompt
 from ..tracking import RunDir, atomic_write_json
 from ..tracking.curves import plot_learning_curves
 from ..tracking.location import check_new_run_location
@@ -137,13 +139,14 @@ class SFTRunner:
         np.random.seed(cfg.trainer.seed % 2**32)
         random.seed(cfg.trainer.seed)
         # Cheap failures first: task, demonstrations (every row checked), device, model path.
-        self.task = build_task(cfg.task)
+        self.task = build_run_task(cfg)  # an environment makes its own examples (task.source: env)
         eval_examples = self.task.eval_examples()
         if cfg.trainer.eval_max_prompts is not None:
             eval_examples = eval_examples[: cfg.trainer.eval_max_prompts]
         self.eval_examples = list(eval_examples)
         self.reward_fn = build_reward(cfg.reward, self.task, max_new_tokens=cfg.rollout.max_new_tokens)
-        self.guardrails = Guardrails.build(self.task, self.reward_fn, cfg.reward, seed=cfg.trainer.seed)
+        self.guardrails = Guardrails.build(self.task, self.reward_fn, cfg.reward, seed=cfg.trainer.seed,
+                                           max_turns=cfg.env.max_turns if cfg.env else None)
         if sft.source == "task":
             self.demos = demos_from_task(self.task, num_examples=sft.num_examples,
                                          answer_format=cfg.reward.answer_format, solution_keys=sft.solution_keys)
@@ -157,12 +160,21 @@ class SFTRunner:
         self.device = resolve_device(cfg.model.device)
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
+        self._prompt_cache: dict[str, list[int]] = {}
+        # The prompts sampled from (held-out, and expert iteration's training prompts) must fit the model's
+        # context with rollout.max_new_tokens after them, as in RL: refused, or cut by task.truncate_prompts=left.
+        splits = {"held-out": self.eval_examples}
+        if sft.source == "expert_iteration":
+            splits = {"training": list(self.task.train_examples()), **splits}
+        fit_prompts(cfg, self.model_path, self.tokenizer, splits, self._prompt_cache)
+        context, context_source = model_context(self.model_path, self.tokenizer)
         self.model = load_model(cfg.model, path=self.model_path, device=self.device)
         self.autocast_dtype = compute_dtype(cfg.model)
         self.stop_id = stop_token_id(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id
         self.data: list[TokenizedDemo] = (
-            tokenize_demos(self.tokenizer, self.demos, self.stop_id, max_tokens=sft.max_tokens) if self.demos else [])
+            tokenize_demos(self.tokenizer, self.demos, self.stop_id, max_tokens=sft.max_tokens,
+                           context=(context, context_source) if context else None) if self.demos else [])
         lcfg, algo = sft_learner_config(cfg)
         self.learner = Learner(self.model, lcfg, algo, temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens,
                                autocast_dtype=self.autocast_dtype)
@@ -170,7 +182,11 @@ class SFTRunner:
             cfg.rollout, self.model, self.tokenizer, model_path=self.model_path, model_dtype=cfg.model.dtype,
             autocast_dtype=self.autocast_dtype, seed=cfg.trainer.seed,
         )
-        self._prompt_cache: dict[str, list[int]] = {}
+        # Held-out episodes of a multi-turn run are played through the environment, as RL plays them.
+        self.eval_generator, self.eval_reward = self.generator, self.reward_fn
+        if cfg.env is not None:
+            self.eval_generator, self.eval_reward = build_agent(cfg, self.generator, self.reward_fn, self.task,
+                                                                model_path=self.model_path)
         self.start_step = 0
         self.nan_streak = 0
         self.round_data: dict[int, list[TokenizedDemo]] = {}
@@ -212,7 +228,7 @@ class SFTRunner:
     def evaluate(self, step: int) -> dict[str, float]:
         self._sync(step)
         summary, per_prompt = greedy_heldout_eval(
-            self.generator, self.reward_fn, self.eval_examples, self._encode,
+            self.eval_generator, self.eval_reward, self.eval_examples, self._encode,
             max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.trainer.seed,
             guardrails=self.guardrails,
         )
@@ -502,7 +518,10 @@ class SFTRunner:
 
     def close(self) -> None:
         """Free the model (the warm-start stage hands the machine to RL next)."""
-        for name in ("generator", "learner", "model"):
+        agent = getattr(self, "eval_generator", None)
+        if agent is not None and agent is not getattr(self, "generator", None) and hasattr(agent, "close"):
+            agent.close()  # an environment's workers and tool threads
+        for name in ("eval_generator", "generator", "learner", "model"):
             if hasattr(self, name):
                 delattr(self, name)
         gc.collect()

@@ -469,29 +469,38 @@ def _wants_env(policy) -> bool:
 
 
 def run_policy(spec: TextEnvSpec, options: dict[str, Any], examples: Sequence[Example],
-               policy: Callable[..., str], *, max_turns: int) -> list[bool]:
+               policy: Callable[..., str], *, max_turns: int, task=None,
+               conversations: list | None = None) -> list[bool]:
     """Run ``policy(observation, rng) -> action`` (no model) over the episodes of ``examples``,
     at most ``max_turns`` actions each: whether each episode succeeded. The policy sees the
     environment's whole current observation; its ``rng`` is seeded from the episode seed. A
     policy with a parameter named ``env`` also gets the environment object (``env=``), e.g. to
-    call its own random-action sampler; it runs inside the episode's isolated RNG streams."""
+    call its own random-action sampler; it runs inside the episode's isolated RNG streams.
+    ``conversations``: a list that gets each episode's chat messages as the agent loop shows them
+    (``task``'s system prompt and few-shot turns, then the actions and observations) and the
+    number of them the opening had, ``{"messages": [...], "opening": n}``, for demonstrations
+    (scripts/env_policy_demos.py)."""
     wants_env = _wants_env(policy)
     out = []
     for ex in examples:
-        env = open_text_env(spec, options)
+        env = open_text_env(spec, options, task)
         if not isinstance(env, TextEnvAdapter):
             env.close()
             raise BaselineNotApplicable("every seat of this game is a trajectory (self-play, a frozen opponent): "
                                         "a baseline plays one seat against the environment")
         try:
-            env.reset(ex)
+            messages = env.reset(ex)
+            opening = len(messages)
             rng = random.Random(f"reinforge/baseline/{env.seed}")
             for _ in range(max_turns):
                 with env._rng.active():
                     action = policy(env.observation, rng, env=env.env) if wants_env else policy(env.observation, rng)
-                env.step({"role": "assistant", "content": str(action)})
+                messages.append({"role": "assistant", "content": str(action)})
+                messages.extend(env.step(messages[-1]).observations)
                 if env.done:
                     break
+            if conversations is not None:
+                conversations.append({"messages": messages, "opening": opening})
             out.append(bool(env.success) and env.done and not env.truncated)
         finally:
             env.close()

@@ -106,11 +106,11 @@ _HINT = re.compile(r"you guessed (-?\d+), and the target number is (higher|lower
 _BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def bisect_policy(observation: str, rng, env) -> str:
-    """GuessTheNumber played by halving the range, reading only the game's text: the range from
-    its instructions, then each "higher"/"lower" hint."""
+def _hinted_range(observation: str, env) -> list[int]:
+    """GuessTheNumber's range as the game's text leaves it: from its instructions, then narrowed by
+    each "higher"/"lower" hint (kept per game, so a policy reads only what a player sees)."""
     if not str(getattr(env.env, "env_id", "")).startswith("game:GuessTheNumber"):
-        raise BaselineNotApplicable("bisect plays GuessTheNumber only")
+        raise BaselineNotApplicable("plays GuessTheNumber only")
     found = _RANGE.search(observation)
     if found:  # the opening instructions: a new game
         _BOUNDS[env] = [int(found.group(1)), int(found.group(2))]
@@ -122,9 +122,22 @@ def bisect_policy(observation: str, rng, env) -> str:
             lo_hi[0] = max(lo_hi[0], guess + 1)
         else:
             lo_hi[1] = min(lo_hi[1], guess - 1)
-    return "\\boxed{" + str((lo_hi[0] + lo_hi[1]) // 2) + "}"
+    return lo_hi
+
+
+def bisect_policy(observation: str, rng, env) -> str:
+    """GuessTheNumber played by halving the range the hints leave (always wins the easy game)."""
+    lo, hi = _hinted_range(observation, env)
+    return "\\boxed{" + str((lo + hi) // 2) + "}"
+
+
+def hinted_random_policy(observation: str, rng, env) -> str:
+    """GuessTheNumber played by a uniform guess within the range the hints leave: a random player
+    that reads the hints (wins about 0.76 of easy games, against 0.34 for GEM's random guesses)."""
+    lo, hi = _hinted_range(observation, env)
+    return "\\boxed{" + str(rng.randint(lo, max(lo, hi))) + "}"
 
 
 register_text_env("gem", make_gem, doc="a GEM environment (env.options.env_id, plus its kwargs; reinforge[gem])",
                   observation="append", success=gem_success,
-                  baselines={"random": random_policy, "bisect": bisect_policy})
+                  baselines={"random": random_policy, "hinted_random": hinted_random_policy, "bisect": bisect_policy})
