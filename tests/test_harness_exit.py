@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import marshal
-import os
 import re
 import subprocess
 from pathlib import Path

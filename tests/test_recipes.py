@@ -4,7 +4,6 @@ the command line can override; the sampling-side pieces and the critic behave in
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from reinforge.recipes import RECIPES
 from reinforge.rollout import HFGenerator, SamplingParams
 from reinforge.tracking import RunDir
 from reinforge.trainer import Trainer
-from test_trainer import ROOT, _config
+from test_trainer import _config
 
 
 def half_constant_reward(completion: str, example) -> float:
