@@ -154,7 +154,7 @@ def test_demonstrations_beyond_the_models_context_are_left_out_and_named(caplog)
     assert [d.id for d in kept] == ["short"]
     assert (f"1 of 2 demonstrations are longer than the model's context of 300 tokens (max_position_embeddings "
             f"in m) and are left out (the longest, 'long', has {n_long})") in caplog.text
-    # sft.max_tokens below the context is the limit, and is named
+    # a context above sft.max_tokens changes nothing; below it, sft.max_tokens is the limit and is named
     assert [d.id for d in tokenize_demos(tok, demos, eos, max_tokens=2048, context=(4096, "c"))] == ["short", "long"]
     with pytest.raises(DemoError, match="no demonstration fits in the model's context of 5 tokens .*shorten"):
         tokenize_demos(tok, demos, eos, max_tokens=1024, context=(5, "c"))
