@@ -221,7 +221,6 @@ def test_gem_hinted_random_guesses_within_the_hints_and_conversations_are_what_t
     import yaml
 
     from reinforge.agents import build_run_task
-    from reinforge.agents.adapters.base import run_policy
     from reinforge.sft import demos_from_file
 
     raw = {"task": {"source": "env", "train_size": 40, "eval_size": 2, "seed": 3,
@@ -357,7 +356,6 @@ def test_an_sft_stage_on_played_games_is_evaluated_through_the_environment(tmp_p
     from conftest import add_stop_bias
 
     from reinforge.agents import build_run_task
-    from reinforge.agents.adapters.base import run_policy
     from reinforge.config import ConfigError
 
     real = sft_runner.load_model

@@ -202,7 +202,7 @@ class RunConfig(_Section):
             + ("an environment's examples have no reference answers to make demonstrations from"
                if self.sft.source == "task" else "expert iteration samples single-turn completions, not episodes")
             + "; use sft.source=file with conversations played in the environment "
-            "(python scripts/env_policy_demos.py CONFIG --policy NAME --out FILE; docs/agents.md)")
+            "(python scripts/env_policy_demos.py CONFIG --policy NAME --out FILE; docs/sft.md)")
 
     @model_validator(mode="after")
     def _truncation_single_turn(self) -> "RunConfig":
